@@ -1,0 +1,24 @@
+"""Pytest set-up shared by the graded tests, the maintainers' tests and nbval."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test reads the network
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from kvcourse.exercises import EXERCISES  # noqa: E402
+
+
+def pytest_configure(config) -> None:
+    """One marker per exercise, so `-m ex2_1` selects its graded tests (and typos fail)."""
+    for exercise in EXERCISES.values():
+        config.addinivalue_line("markers", f"{exercise.marker}: Exercise {exercise.id}, {exercise.title}")
+    config.addinivalue_line("markers", "slow: a maintainers' test that takes more than a few seconds")
+    config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
+
+
+def pytest_collectstart(collector) -> None:
+    """nbval: never compare stderr (warnings and progress bars vary between runs)."""
+    if collector.fspath and collector.fspath.ext == ".ipynb":
+        collector.skip_compare += ("stderr", "application/javascript", "application/vnd.jupyter.widget-view+json")

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m kvcourse.bench {allocator,memory,throughput,kernel} [--quick] [--json]`."""

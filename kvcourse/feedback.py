@@ -1,0 +1,89 @@
+"""Notebook feedback in the spirit of Kaggle's learntools: check, hint, solution, progress."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from kvcourse.exercises import get
+
+ROOT = Path(__file__).resolve().parent.parent
+ICONS = {"correct": "✅", "incorrect": "❌", "not attempted": "⏳", "skipped": "⏭️"}
+
+
+def _grade(exercise_ids: list[str]) -> list[dict]:
+    """Run the grader in a fresh Python process, so that edits to kvcourse/ always count."""
+    command = [sys.executable, "-m", "kvcourse.grade", "--json", *exercise_ids]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    lines = done.stdout.strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
+        raise RuntimeError(f"the grader did not report (exit code {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])["results"]
+
+
+def check(exercise_id: str) -> None:
+    """Run one exercise's tests and say: correct, incorrect (what failed, a hint) or not attempted."""
+    exercise = get(exercise_id)
+    result = _grade([exercise.id])[0]
+    head = f"{ICONS[result['status']]} Exercise {exercise.id} ({exercise.title}):"
+    if result["status"] == "correct":
+        print(f"{head} correct. {result['passed']}/{result['total']} tests pass.")
+    elif result["status"] == "not attempted":
+        print(f"{head} not attempted yet.")
+        print(f"   Fill in the TODO in {exercise.path}, then run this cell again.")
+    elif result["status"] == "skipped":
+        print(f"{head} skipped here: {result['message']}")
+    else:
+        print(f"{head} not yet. {result['passed']}/{result['total']} tests pass.")
+        print(f"   What failed: {result['message']}")
+        if result["hint"]:
+            print(f"   Hint: {result['hint']}")
+
+
+def hint(exercise_id: str) -> None:
+    """Print the exercise's hint (it never gives the answer away)."""
+    exercise = get(exercise_id)
+    print(f"Hint for Exercise {exercise.id} ({exercise.title}): {exercise.hint}")
+
+
+def solution(exercise_id: str) -> None:
+    """Print the reference code for one exercise, from solutions/."""
+    exercise = get(exercise_id)
+    source = (ROOT / "solutions" / f"{exercise.module}.py").read_text()
+    pattern = rf"# BEGIN SOLUTION {re.escape(exercise.id)}\n(.*?)\n\s*# END SOLUTION"
+    regions = re.findall(pattern, source, flags=re.S)
+    print(f"Reference for Exercise {exercise.id} ({exercise.title}), from solutions/{exercise.module}.py:\n")
+    print("\n\n    ...\n\n".join(regions))
+
+
+class Progress:
+    """A scoreboard that shows as an HTML table in a notebook and as text elsewhere."""
+
+    def __init__(self, results: list[dict]) -> None:
+        self.results = results
+
+    def __repr__(self) -> str:
+        done = sum(r["status"] == "correct" for r in self.results)
+        rows = [f"{r['id']:<5} {r['passed']:>2}/{r['total']:<2} {r['status']:<13} {r['title']}" for r in self.results]
+        return "\n".join(rows + [f"{done} of {len(self.results)} exercises correct."])
+
+    def _repr_html_(self) -> str:
+        cells = "".join(
+            f"<tr><td>{r['id']}</td><td>{html.escape(r['title'])}</td>"
+            f"<td>{r['passed']}/{r['total']}</td><td>{ICONS[r['status']]} {r['status']}</td></tr>"
+            for r in self.results
+        )
+        done = sum(r["status"] == "correct" for r in self.results)
+        return (
+            "<table><thead><tr><th>exercise</th><th>title</th><th>tests</th><th>status</th></tr></thead>"
+            f"<tbody>{cells}</tbody></table><p>{done} of {len(self.results)} exercises correct.</p>"
+        )
+
+
+def progress(*exercise_ids: str) -> Progress:
+    """Grade all exercises (or the given ones) in a fresh process and return the scoreboard."""
+    return Progress(_grade([get(i).id for i in exercise_ids]))

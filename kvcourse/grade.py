@@ -1,0 +1,207 @@
+"""Grade the learner's exercises: run the graded tests and print a scoreboard.
+
+    python -m kvcourse.grade               # your code in kvcourse/
+    python -m kvcourse.grade --solutions   # the reference in solutions/
+    python -m kvcourse.grade 2.1 2.2       # only some exercises
+    python -m kvcourse.grade --json        # last line: one JSON object (used by check())
+
+Exit code 0 only when every selected exercise passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+
+from kvcourse.exercises import EXERCISES, Exercise, get
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests" / "exercises"
+TEST_TIMEOUT_S = 30
+
+CORRECT, INCORRECT, NOT_ATTEMPTED, SKIPPED = "correct", "incorrect", "not attempted", "skipped"
+
+
+@dataclass
+class TestOutcome:
+    """What one graded test said, in words a learner can act on."""
+
+    nodeid: str
+    exercises: list[str]
+    passed: bool
+    skipped: bool = False
+    message: str = ""
+    stub_of: str | None = None  # the exercise whose NotImplementedError stopped the test
+    timed_out: bool = False
+
+
+@dataclass
+class ExerciseResult:
+    """One scoreboard row."""
+
+    id: str
+    title: str
+    path: str
+    passed: int = 0
+    total: int = 0
+    status: str = NOT_ATTEMPTED
+    message: str = ""
+    hint: str = ""
+    outcomes: list[TestOutcome] = field(default_factory=list)
+
+
+def _plain_message(excinfo) -> tuple[str, str | None, bool]:
+    """Turn an exception into (message, exercise id of a stub, timed out?) without leaking answers."""
+    value, kind = excinfo.value, excinfo.type.__name__
+    text = str(value)
+    if isinstance(value, NotImplementedError) and text.startswith("Exercise "):
+        return text, text.split()[1], False
+    if "Timeout" in text and "pytest-timeout" in text:
+        return (
+            f"your code ran for more than {TEST_TIMEOUT_S} s and was stopped: look for a loop that "
+            "never ends (a while loop whose condition never changes, or a queue that never empties).",
+            None,
+            True,
+        )
+    if isinstance(value, AssertionError):
+        first = text.split("\nassert ")[0].strip()
+        if first and not first.startswith("assert "):
+            return first, None, False
+        return "a check failed (the test gave no message; see tests/exercises for the test).", None, False
+    where = ""
+    for entry in reversed(excinfo.traceback):
+        path = Path(str(entry.path))
+        if path.parent.name in {"kvcourse", "solutions"}:
+            where = f" (raised at {path.parent.name}/{path.name}, line {entry.lineno + 1})"
+            break
+    return f"{kind}: {text}{where}", None, False
+
+
+class _Collector:
+    """A pytest plugin that records every graded test's outcome and drives a progress bar."""
+
+    def __init__(self, show_progress: bool) -> None:
+        self.outcomes: dict[str, TestOutcome] = {}
+        self.show_progress = show_progress
+        self.bar = None
+
+    def pytest_collection_modifyitems(self, items) -> None:
+        for item in items:
+            ids = [ex.id for ex in EXERCISES.values() if item.get_closest_marker(ex.marker)]
+            self.outcomes[item.nodeid] = TestOutcome(item.nodeid, ids, passed=False)
+        if self.show_progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=len(items), desc="grading", unit="test", file=sys.stderr, leave=False)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = (yield).get_result()
+        outcome = self.outcomes.get(item.nodeid)
+        if outcome is None:
+            return
+        if report.skipped:
+            outcome.skipped = True
+            outcome.message = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        elif report.failed and not outcome.message:
+            outcome.passed = False
+            outcome.message, outcome.stub_of, outcome.timed_out = _plain_message(call.excinfo)
+        elif report.when == "call" and report.passed and not outcome.message:
+            outcome.passed = True
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+
+def _summarize(exercise: Exercise, outcomes: list[TestOutcome]) -> ExerciseResult:
+    """Fold one exercise's test outcomes into a status, the first failure and a hint."""
+    result = ExerciseResult(exercise.id, exercise.title, exercise.path, outcomes=outcomes)
+    ran = [o for o in outcomes if not o.skipped]
+    result.total = len(ran)
+    result.passed = sum(o.passed for o in ran)
+    failures = [o for o in ran if not o.passed]
+    if not outcomes:
+        result.status, result.message = INCORRECT, "no graded tests found for this exercise."
+    elif not ran:
+        result.status, result.message = SKIPPED, outcomes[0].message
+    elif not failures:
+        result.status = CORRECT
+    elif all(o.stub_of == exercise.id for o in failures):
+        result.status, result.message = NOT_ATTEMPTED, failures[0].message
+    else:
+        result.status = INCORRECT
+        own = [o for o in failures if o.stub_of is None] or failures
+        first = own[0]
+        if first.stub_of and first.stub_of != exercise.id:
+            needed = EXERCISES.get(first.stub_of)
+            title = f" ({needed.title})" if needed else ""
+            result.message = f"this exercise builds on Exercise {first.stub_of}{title}; finish that one first."
+        else:
+            result.message = first.message
+            result.hint = exercise.hint
+    return result
+
+
+def run(exercise_ids: list[str] | None = None, solutions: bool = False, show_progress: bool = False) -> list[ExerciseResult]:
+    """Run the graded tests in this process and return one result per exercise."""
+    selected = [get(i) for i in exercise_ids] if exercise_ids else list(EXERCISES.values())
+    if solutions:
+        os.environ["KVCOURSE_SOLUTIONS"] = "1"
+    collector = _Collector(show_progress)
+    marker_expr = " or ".join(ex.marker for ex in selected)
+    args = [str(TESTS), "-m", marker_expr, "-p", "no:cacheprovider", "-p", "no:randomly",
+            f"--timeout={TEST_TIMEOUT_S}", "-q", "--rootdir", str(ROOT)]
+    with contextlib.redirect_stdout(io.StringIO()) as log:
+        code = pytest.main(args, plugins=[collector])
+    if collector.bar is not None:
+        collector.bar.close()
+    if code not in (0, 1, 5):  # 5: nothing collected, reported per exercise below
+        raise RuntimeError(f"the graded tests could not run (pytest exit code {code}):\n{log.getvalue()[-3000:]}")
+    results = []
+    for exercise in selected:
+        outcomes = [o for o in collector.outcomes.values() if exercise.id in o.exercises]
+        results.append(_summarize(exercise, outcomes))
+    return results
+
+
+def scoreboard(results: list[ExerciseResult]) -> str:
+    """A plain-text table: exercise, title, tests passed, status."""
+    width = max(len(r.title) for r in results)
+    lines = [f"{'exercise':<9} {'title':<{width}}  {'passed':>7}  status", "-" * (width + 30)]
+    for r in results:
+        lines.append(f"{r.id:<9} {r.title:<{width}}  {f'{r.passed}/{r.total}':>7}  {r.status}")
+    done = sum(r.status == CORRECT for r in results)
+    lines.append("-" * (width + 30))
+    lines.append(f"{done} of {len(results)} exercises correct.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: print the scoreboard (or JSON) and exit 0 only if all pass."""
+    parser = argparse.ArgumentParser(prog="python -m kvcourse.grade", description="Grade the course exercises.")
+    parser.add_argument("exercises", nargs="*", help="exercise ids such as 2.1 (default: all)")
+    parser.add_argument("--solutions", action="store_true", help="grade the reference solutions instead of kvcourse/")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args(argv)
+    try:
+        results = run(args.exercises or None, solutions=args.solutions, show_progress=not args.json)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.json:
+        print(json.dumps({"solutions": args.solutions, "results": [asdict(r) for r in results]}))
+    else:
+        print(scoreboard(results))
+    return 0 if all(r.status in (CORRECT, SKIPPED) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Generate the learner's stubs in kvcourse/ from the reference modules in solutions/.
+
+Usage:  python -m kvcourse.stubs          # rewrite kvcourse/<module>.py from solutions/
+        python -m kvcourse.stubs --check  # exit 1 if any stub is out of date
+
+A solution region looks like this (the comment lines above it are kept, so write the
+instructions there):
+
+        # Exercise 2.1: ask the manager for one slot per decode.
+        # BEGIN SOLUTION 2.1
+        ...reference code...
+        # END SOLUTION
+
+and becomes, in the stub, a TODO line and a `raise NotImplementedError("Exercise 2.1: ...")`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from kvcourse.exercises import EXERCISES
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<id>\d+\.\d+)\s*$")
+END = re.compile(r"^\s*# END SOLUTION\s*$")
+DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?:def|class)\s+(?P<name>\w+)")
+
+
+class StubError(ValueError):
+    """A solution file whose markers cannot be turned into stubs."""
+
+
+def _enclosing(lines: list[str], index: int, indent: int) -> str:
+    """Qualified name of the def/class around line `index` (for the error message)."""
+    names: list[str] = []
+    for line in reversed(lines[:index]):
+        match = DEF.match(line)
+        if match and len(match["indent"]) < indent:
+            names.append(match["name"])
+            indent = len(match["indent"])
+    return ".".join(reversed(names)) or "<module>"
+
+
+def make_stub(source: str, filename: str = "<solution>") -> str:
+    """Replace every BEGIN/END SOLUTION region by a TODO and a NotImplementedError."""
+    lines = source.splitlines(keepends=True)
+    out: list[str] = []
+    region: tuple[int, str] | None = None  # (line number, exercise id) of the open BEGIN
+    module = Path(filename).stem
+    for number, line in enumerate(lines, start=1):
+        begin, end = BEGIN.match(line), END.match(line)
+        if begin:
+            if region:
+                raise StubError(f"{filename}:{number}: BEGIN SOLUTION inside the region opened at line {region[0]}.")
+            if begin["id"] not in EXERCISES:
+                raise StubError(f"{filename}:{number}: unknown exercise {begin['id']}; add it to kvcourse/exercises.py.")
+            region = (number, begin["id"])
+            indent = begin["indent"]
+            exercise = EXERCISES[begin["id"]]
+            where = _enclosing(lines, number - 1, len(indent))
+            out.append(f"{indent}# TODO: Exercise {exercise.id}: write your code here, then delete the raise below.\n")
+            out.append(
+                f'{indent}raise NotImplementedError("Exercise {exercise.id} ({exercise.title}): '
+                f'not written yet: edit kvcourse/{module}.py, {where}.")\n'
+            )
+        elif end:
+            if not region:
+                raise StubError(f"{filename}:{number}: END SOLUTION without a BEGIN SOLUTION.")
+            region = None
+        elif "BEGIN SOLUTION" in line or "END SOLUTION" in line:
+            raise StubError(f"{filename}:{number}: malformed marker {line.strip()!r}; write '# BEGIN SOLUTION N.M' or '# END SOLUTION'.")
+        elif not region:
+            out.append(line)
+    if region:
+        raise StubError(f"{filename}:{region[0]}: BEGIN SOLUTION {region[1]} is never closed by '# END SOLUTION'.")
+    return "".join(out)
+
+
+def solution_files() -> list[Path]:
+    """The reference modules (every .py in solutions/ except package files)."""
+    return sorted(p for p in (ROOT / "solutions").glob("*.py") if not p.name.startswith("_"))
+
+
+def stale_stubs() -> list[Path]:
+    """Stubs in kvcourse/ that differ from what solutions/ generates."""
+    stale = []
+    for solution in solution_files():
+        stub = ROOT / "kvcourse" / solution.name
+        if not stub.exists() or stub.read_text() != make_stub(solution.read_text(), str(solution)):
+            stale.append(stub)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or, with --check, verify) every stub."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report stubs that are out of date")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_stubs()
+        for path in stale:
+            print(f"out of date: {path.relative_to(ROOT)} (run: python -m kvcourse.stubs)")
+        return 1 if stale else 0
+    for solution in solution_files():
+        stub = ROOT / "kvcourse" / solution.name
+        stub.write_text(make_stub(solution.read_text(), str(solution)))
+        print(f"wrote {stub.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
