@@ -33,8 +33,11 @@ def check(exercise_id: str) -> None:
     if result["status"] == "correct":
         print(f"{head} correct. {result['passed']}/{result['total']} tests pass.")
     elif result["status"] == "not attempted":
+        where = re.search(r"edit (\S+), (\S+)\.$", result["message"])
+        place = f"{where[1]}, in {where[2]}" if where else exercise.path
         print(f"{head} not attempted yet.")
-        print(f"   Fill in the TODO in {exercise.path}, then run this cell again.")
+        print(f"   Open {place}: replace the `raise NotImplementedError` under the TODO with your code,")
+        print("   save the file, then run this cell again.")
     elif result["status"] == "skipped":
         print(f"{head} skipped here: {result['message']}")
     else:

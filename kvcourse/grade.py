@@ -117,6 +117,12 @@ class _Collector:
         elif report.when == "call" and report.passed and not outcome.message:
             outcome.passed = True
 
+    def pytest_runtest_setup(self, item) -> None:
+        """After one test of an exercise timed out, fail its other tests at once instead of waiting again."""
+        mine = self.outcomes.get(item.nodeid)
+        if mine and any(o.timed_out and set(o.exercises) & set(mine.exercises) for o in self.outcomes.values()):
+            pytest.fail("not run: an earlier test of this exercise timed out.", pytrace=False)
+
     def pytest_runtest_logfinish(self, nodeid, location) -> None:
         if self.bar is not None:
             self.bar.update(1)

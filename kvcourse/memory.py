@@ -1,0 +1,35 @@
+"""How much memory the KV cache needs: the arithmetic behind every later lesson."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _kv_width(config) -> int:
+    """Elements per token per layer for K (or V): heads that store K/V times the head size."""
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return kv_heads * (hidden // heads)
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes of K and V one token occupies across all layers (GPT-2 small, fp16: 36,864)."""
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    bytes_per_element = torch.empty((), dtype=dtype).element_size()
+    # Exercise 0.1: every layer stores a key AND a value vector of `_kv_width(config)` elements
+    # for each token, each element `bytes_per_element` bytes. Return the total for one token.
+    # TODO: Exercise 0.1: write your code here, then delete the raise below.
+    raise NotImplementedError("Exercise 0.1 (KV bytes per token): not written yet: edit kvcourse/memory.py, kv_bytes_per_token.")
+
+
+def max_sequences(memory_bytes: int, seq_len: int, bytes_per_token: int) -> int:
+    """How many whole sequences of `seq_len` tokens fit in `memory_bytes` of KV cache."""
+    if memory_bytes < 0 or seq_len <= 0 or bytes_per_token <= 0:
+        raise ValueError(
+            f"max_sequences needs memory_bytes >= 0, seq_len > 0 and bytes_per_token > 0; "
+            f"got {memory_bytes}, {seq_len}, {bytes_per_token}."
+        )
+    # Exercise 0.2: one sequence needs seq_len * bytes_per_token bytes; a partial sequence is useless.
+    # TODO: Exercise 0.2: write your code here, then delete the raise below.
+    raise NotImplementedError("Exercise 0.2 (Sequences that fit in a memory budget): not written yet: edit kvcourse/memory.py, max_sequences.")
