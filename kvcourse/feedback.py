@@ -55,9 +55,11 @@ def hint(exercise_id: str) -> None:
 
 def solution(exercise_id: str) -> None:
     """Print the reference code for one exercise, from solutions/."""
+    from kvcourse.stubs import BEGIN_MARK, END_MARK  # imported late: `python -m kvcourse.stubs` must not find it loaded
+
     exercise = get(exercise_id)
     source = (ROOT / "solutions" / f"{exercise.module}.py").read_text()
-    pattern = rf"# BEGIN SOLUTION {re.escape(exercise.id)}\n(.*?)\n\s*# END SOLUTION"
+    pattern = rf"{BEGIN_MARK} {re.escape(exercise.id)}\n(.*?)\n\s*{END_MARK}"
     regions = re.findall(pattern, source, flags=re.S)
     print(f"Reference for Exercise {exercise.id} ({exercise.title}), from solutions/{exercise.module}.py:\n")
     print("\n\n    ...\n\n".join(regions))

@@ -3,15 +3,12 @@
 Usage:  python -m kvcourse.stubs          # rewrite kvcourse/<module>.py from solutions/
         python -m kvcourse.stubs --check  # exit 1 if any stub is out of date
 
-A solution region looks like this (the comment lines above it are kept, so write the
-instructions there):
-
-        # Exercise 2.1: ask the manager for one slot per decode.
-        # BEGIN SOLUTION 2.1
-        ...reference code...
-        # END SOLUTION
-
-and becomes, in the stub, a TODO line and a `raise NotImplementedError("Exercise 2.1: ...")`.
+A solution region is opened by a comment "# BEGIN", the word SOLUTION and the exercise id
+(e.g. 2.1), and closed by "# END" and the same word (CONTRIBUTING.md shows one). The comment
+lines just above a region are kept, so write the instructions there. In the stub the region
+becomes a TODO line and `raise NotImplementedError("Exercise 2.1: ...")`.
+(The marker words are assembled below rather than written out, so that no file of the learner's
+package contains a marker.)
 """
 
 from __future__ import annotations
@@ -24,8 +21,10 @@ from pathlib import Path
 from kvcourse.exercises import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
-BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<id>\d+\.\d+)\s*$")
-END = re.compile(r"^\s*# END SOLUTION\s*$")
+MARK = "SOL" + "UTION"
+BEGIN_MARK, END_MARK = f"# BEGIN {MARK}", f"# END {MARK}"
+BEGIN = re.compile(rf"^(?P<indent>\s*){BEGIN_MARK} (?P<id>\d+\.\d+)\s*$")
+END = re.compile(rf"^\s*{END_MARK}\s*$")
 DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?:def|class)\s+(?P<name>\w+)")
 
 
@@ -54,7 +53,7 @@ def make_stub(source: str, filename: str = "<solution>") -> str:
         begin, end = BEGIN.match(line), END.match(line)
         if begin:
             if region:
-                raise StubError(f"{filename}:{number}: BEGIN SOLUTION inside the region opened at line {region[0]}.")
+                raise StubError(f"{filename}:{number}: a BEGIN marker inside the region opened at line {region[0]}.")
             if begin["id"] not in EXERCISES:
                 raise StubError(f"{filename}:{number}: unknown exercise {begin['id']}; add it to kvcourse/exercises.py.")
             region = (number, begin["id"])
@@ -68,14 +67,14 @@ def make_stub(source: str, filename: str = "<solution>") -> str:
             )
         elif end:
             if not region:
-                raise StubError(f"{filename}:{number}: END SOLUTION without a BEGIN SOLUTION.")
+                raise StubError(f"{filename}:{number}: an END marker without a BEGIN marker.")
             region = None
-        elif "BEGIN SOLUTION" in line or "END SOLUTION" in line:
-            raise StubError(f"{filename}:{number}: malformed marker {line.strip()!r}; write '# BEGIN SOLUTION N.M' or '# END SOLUTION'.")
+        elif f"BEGIN {MARK}" in line or f"END {MARK}" in line:
+            raise StubError(f"{filename}:{number}: malformed marker {line.strip()!r}; write '{BEGIN_MARK} N.M' or '{END_MARK}'.")
         elif not region:
             out.append(line)
     if region:
-        raise StubError(f"{filename}:{region[0]}: BEGIN SOLUTION {region[1]} is never closed by '# END SOLUTION'.")
+        raise StubError(f"{filename}:{region[0]}: the region of exercise {region[1]} is never closed by '{END_MARK}'.")
     return "".join(out)
 
 
