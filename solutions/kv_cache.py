@@ -1,0 +1,535 @@
+"""A paged KV-cache manager in the style of vLLM v1: a block pool, a free-block queue, and sharing.
+
+Three layers, each with one job:
+
+- `FreeKVCacheBlockQueue`: the free blocks in eviction order (front = evicted first), a doubly
+  linked list, so taking from the front, adding at the back and unlinking from the middle are O(1).
+- `BlockPool`: owns every `KVCacheBlock`; hands blocks out, takes them back (reference counts), and
+  keeps the prefix cache (block hash -> block).
+- `KVCacheManager`: what the scheduler talks to (the contract of notebook 02): block tables per
+  request, exact block arithmetic, all-or-nothing allocation, prefix-cache lookup, fork and
+  copy-on-write for parallel sampling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager, blocks_needed
+from kvcourse.request import Request
+
+BlockHash = bytes  # a SHA-256 digest: the same tokens give the same hash in every process
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks and the free-block queue (exercise 3.1)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class KVCacheBlock:
+    """One physical block of the KV cache: who holds it, and which tokens it caches, if any."""
+
+    block_id: int
+    ref_cnt: int = 0  # number of block tables holding this block
+    block_hash: BlockHash | None = None  # set while the block is published in the prefix cache
+    token_ids: tuple[int, ...] | None = None  # the tokens block_hash was computed from
+    prev_free_block: KVCacheBlock | None = field(default=None, repr=False)
+    next_free_block: KVCacheBlock | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        """Short enough to print a whole block table (the hash cut to 8 hex digits)."""
+        cached = f", hash={self.block_hash.hex()[:8]}" if self.block_hash is not None else ""
+        return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}{cached})"
+
+
+class FreeKVCacheBlockQueue:
+    """The free blocks in eviction order, as a doubly linked list between two sentinel blocks."""
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self.fake_head = KVCacheBlock(block_id=-1)  # sentinels: no special case for an empty list
+        self.fake_tail = KVCacheBlock(block_id=-1)
+        chain = [self.fake_head, *blocks, self.fake_tail]
+        for left, right in zip(chain, chain[1:]):  # link neighbours: head <-> b0 <-> b1 ... <-> tail
+            left.next_free_block = right
+            right.prev_free_block = left
+        self.num_free_blocks = len(blocks)
+
+    def popleft(self) -> KVCacheBlock:
+        """Take the block at the front: the one that has been free the longest (LRU)."""
+        if self.num_free_blocks == 0:
+            raise ValueError("the free-block queue is empty: no block can be handed out.")
+        # Exercise 3.1: the first real block sits right after self.fake_head. Unlink it (remove
+        # does exactly that) and return it.
+        # BEGIN SOLUTION 3.1
+        block = self.fake_head.next_free_block
+        self.remove(block)
+        return block
+        # END SOLUTION
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put a freed block at the back, so it is reused after every block freed before it."""
+        if block.prev_free_block is not None or block.next_free_block is not None:
+            raise ValueError(f"block {block.block_id} is already in the free-block queue.")
+        # Exercise 3.1: link the block in between the last real block (self.fake_tail.prev_free_block)
+        # and self.fake_tail, four pointers in all, then count it in self.num_free_blocks.
+        # BEGIN SOLUTION 3.1
+        last = self.fake_tail.prev_free_block
+        last.next_free_block = block
+        block.prev_free_block = last
+        block.next_free_block = self.fake_tail
+        self.fake_tail.prev_free_block = block
+        self.num_free_blocks += 1
+        # END SOLUTION
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink a block from anywhere in the queue in O(1) (a prefix-cache hit revives it)."""
+        if block.prev_free_block is None or block.next_free_block is None:
+            raise ValueError(f"block {block.block_id} is not in the free-block queue.")
+        # Exercise 3.1: make the block's two neighbours point at each other, clear the block's own
+        # pointers (None means "not in the queue"), and count it out of self.num_free_blocks.
+        # BEGIN SOLUTION 3.1
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = None
+        block.next_free_block = None
+        self.num_free_blocks -= 1
+        # END SOLUTION
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Every free block, front (evicted first) to back: for debugging, tests and the widget."""
+        blocks = []
+        block = self.fake_head.next_free_block
+        while block is not self.fake_tail:
+            blocks.append(block)
+            block = block.next_free_block
+        return blocks
+
+    def __len__(self) -> int:
+        """len(queue) reads like a list's, in O(1) (a counter, not a walk)."""
+        return self.num_free_blocks
+
+
+# --------------------------------------------------------------------------------------------
+# The block pool (exercises 3.2, 4.2, 4.3, 4.4)
+# --------------------------------------------------------------------------------------------
+
+
+class BlockPool:
+    """Owns every block: hands them out, takes them back, and remembers which ones hold cached prefixes."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks no request holds (cached-free ones included: they can be reused at any time)."""
+        return self.free_block_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of all blocks held by at least one request."""
+        return 1.0 - self.get_num_free_blocks() / self.num_blocks
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Hand out free blocks from the front of the queue, each with one holder."""
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks is {num_blocks}; ask for 0 or more blocks.")
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"asked for {num_blocks} blocks but only {self.get_num_free_blocks()} are free.")
+        # Exercise 3.2: take num_blocks blocks from the front of self.free_block_queue. For each one,
+        # first call self._maybe_evict_cached_block(block) (notebook 04: it forgets a stale prefix-
+        # cache entry; until then it does nothing), then give it its one holder (ref_cnt). Return them.
+        # BEGIN SOLUTION 3.2
+        blocks = [self.free_block_queue.popleft() for _ in range(num_blocks)]
+        for block in blocks:
+            self._maybe_evict_cached_block(block)
+            block.ref_cnt += 1
+        return blocks
+        # END SOLUTION
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one holder from each block; a block nobody holds goes to the back of the free queue."""
+        blocks = list(ordered_blocks)
+        self._check_held(blocks)
+        # Exercise 3.2: for each block, in the order given, take away one holder (ref_cnt); when no
+        # holder is left, append it to self.free_block_queue.
+        # BEGIN SOLUTION 3.2
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_block_queue.append(block)
+        # END SOLUTION
+
+    def _check_held(self, blocks: list[KVCacheBlock]) -> None:
+        """Refuse to free a block more times than it is held (a double free corrupts the queue)."""
+        for block, times in Counter(blocks).items():
+            if times > block.ref_cnt:
+                raise ValueError(f"block {block.block_id} freed twice: it is held {block.ref_cnt} time(s).")
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Add one holder to blocks a request shares (a prefix-cache hit or a fork)."""
+        # Exercise 4.3: for each block, if nobody holds it (it is cached but free), remove it from
+        # self.free_block_queue so it cannot be handed out; then add one holder.
+        # BEGIN SOLUTION 4.3
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+        # END SOLUTION
+
+    def cache_full_blocks(
+        self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]]
+    ) -> None:
+        """Publish full blocks under their hash, so later requests with the same prefix can share them."""
+        if not self.enable_caching:
+            return
+        for block, block_hash, tokens in zip(blocks, block_hashes, token_ids):
+            if block.block_hash is not None or block_hash in self.cached_block_hash_to_block:
+                continue  # already published, or another block already serves this prefix
+            block.block_hash, block.token_ids = block_hash, tuple(tokens)
+            self.cached_block_hash_to_block[block_hash] = block
+
+    def get_cached_block(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVCacheBlock | None:
+        """The published block for this hash, only if it really holds these tokens (a collision never hits)."""
+        # Exercise 4.2: look block_hash up in self.cached_block_hash_to_block. Return the block only if
+        # its token_ids equal tuple(token_ids); otherwise (no entry, or a hash collision) return None.
+        # BEGIN SOLUTION 4.2
+        block = self.cached_block_hash_to_block.get(block_hash)
+        if block is None or block.token_ids != tuple(token_ids):
+            return None
+        return block
+        # END SOLUTION
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> None:
+        """Unpublish a cached-free block that is being reused, so no lookup finds its old contents."""
+        if block.block_hash is None:
+            return  # never published (always the case while prefix caching is off)
+        # Exercise 4.4: the block is about to hold new tokens. Delete its entry from
+        # self.cached_block_hash_to_block, then clear its block_hash and token_ids.
+        # BEGIN SOLUTION 4.4
+        del self.cached_block_hash_to_block[block.block_hash]
+        block.block_hash = None
+        block.token_ids = None
+        # END SOLUTION
+
+    def get_num_cached_blocks(self) -> int:
+        """Blocks currently published in the prefix cache (held or free)."""
+        return len(self.cached_block_hash_to_block)
+
+
+# --------------------------------------------------------------------------------------------
+# The hash chain (exercise 4.1)
+# --------------------------------------------------------------------------------------------
+
+
+def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """Hash one full block together with its parent's hash, so it names the whole prefix up to it."""
+    # Exercise 4.1: return hashlib.sha256(...).digest() over a stable encoding of the pair
+    # (parent_block_hash, token ids as plain ints), e.g. repr(...).encode(). Not Python's hash():
+    # it changes from one process to the next.
+    # BEGIN SOLUTION 4.1
+    payload = repr((parent_block_hash, [int(token) for token in token_ids])).encode()
+    return hashlib.sha256(payload).digest()
+    # END SOLUTION
+
+
+def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[BlockHash]:
+    """The hash chain of every FULL block of `token_ids` (a partial last block gets no hash)."""
+    # Exercise 4.1: walk the full blocks in order; each block's parent is the previous block's hash
+    # (None for the first block).
+    # BEGIN SOLUTION 4.1
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hashes[-1] if hashes else None
+        hashes.append(hash_block_tokens(parent, token_ids[start:start + block_size]))
+    return hashes
+    # END SOLUTION
+
+
+# --------------------------------------------------------------------------------------------
+# The manager the scheduler talks to (exercises 3.3, 3.4, 4.2, 4.5)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache hits counted at admission: how much prompt work the cache saved."""
+
+    requests: int = 0  # admissions (a preempted request that resumes counts again)
+    queries: int = 0  # tokens those requests needed
+    hits: int = 0  # tokens found in the cache
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of queried tokens served from the cache (0.0 before any admission)."""
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def _check_count(name: str, value: int) -> None:
+    """A negative token count is a bug in the caller's arithmetic: say so before anything changes."""
+    if value < 0:
+        raise ValueError(f"{name} is {value}; a token count must be 0 or more.")
+
+
+class KVCacheManager:
+    """Block tables for the scheduler: exact, all-or-nothing allocation over a shared block pool."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
+        if block_size <= 0:
+            raise ValueError(f"block_size is {block_size}; a block holds at least one token.")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}  # request id -> its block table
+        self.req_to_block_hashes: dict[int, list[BlockHash]] = {}  # hash chain of its full blocks
+        self.num_cached_block: dict[int, int] = {}  # how many of its blocks were offered to the cache
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the executor
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    # ---- what the scheduler reads ----
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks that could be handed out right now."""
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def usage(self) -> float:
+        """Fraction of all blocks held by at least one request."""
+        return self.block_pool.usage
+
+    def get_block_ids(self, request: Request) -> list[int]:
+        """The request's block table, logical order ([] for an unknown or freed request)."""
+        return [block.block_id for block in self.req_to_blocks.get(request.id, [])]
+
+    def get_blocks(self, request: Request) -> KVCacheBlocks:
+        """The request's blocks themselves (ref counts, hashes), for the widget and the tests."""
+        return KVCacheBlocks(self.req_to_blocks.get(request.id, []))
+
+    def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether `allocate_slots(request, num_new_tokens)` would succeed now (changes nothing)."""
+        _check_count("num_new_tokens", num_new_tokens)
+        num_tokens = request.num_computed_tokens + num_new_tokens
+        to_copy = self._shared_blocks_to_write(request, request.num_computed_tokens, num_tokens)
+        return self._num_new_blocks(request, num_tokens, 0, len(to_copy)) is not None
+
+    # ---- allocation ----
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+    ) -> KVCacheBlocks | None:
+        """Make room for this step's tokens, all or nothing: the blocks taken from the pool, or None."""
+        hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks)
+        first_write = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens = first_write + num_new_tokens
+        to_copy = self._shared_blocks_to_write(request, first_write, num_tokens)
+        num_extra = len(to_copy) + sum(1 for block in hits if block.ref_cnt == 0)
+        num_new_blocks = self._num_new_blocks(request, num_tokens, len(hits), num_extra)
+        if num_new_blocks is None:
+            return None
+        is_admission = request.id not in self.req_to_blocks
+        req_blocks = self.req_to_blocks.setdefault(request.id, [])
+        if hits:
+            self.block_pool.touch(hits)  # before get_new_blocks: a free hit must not be handed out
+            req_blocks.extend(hits)
+        copies = self._copy_on_write(req_blocks, to_copy) if to_copy else []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        self._cache_full_blocks(request, req_blocks, num_tokens)
+        if is_admission:
+            self._record_admission(request, num_new_computed_tokens if hits else 0)
+        return KVCacheBlocks(copies + new_blocks)
+
+    def _num_new_blocks(self, request: Request, num_tokens: int, num_hits: int, num_extra: int) -> int | None:
+        """New blocks needed so the table covers `num_tokens` tokens, or None if the pool is short."""
+        num_held = len(self.req_to_blocks.get(request.id, [])) + num_hits
+        # Exercise 3.3: the table must cover num_tokens tokens: ceil(num_tokens / block_size) blocks
+        # (use blocks_needed). Subtract the num_held it already has (never below 0). If that plus
+        # num_extra (blocks lesson 04's sharing also takes) is more than the pool's free blocks,
+        # return None; else return the number of new blocks.
+        # BEGIN SOLUTION 3.3
+        num_new_blocks = max(0, blocks_needed(num_tokens, self.block_size) - num_held)
+        if num_new_blocks + num_extra > self.block_pool.get_num_free_blocks():
+            return None
+        return num_new_blocks
+        # END SOLUTION
+
+    def _check_allocation(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: KVCacheBlocks | None,
+    ) -> list[KVCacheBlock]:
+        """Reject impossible arguments before anything changes; return the prefix hits as a list."""
+        _check_count("num_new_tokens", num_new_tokens)
+        _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        hits = list(new_computed_blocks.blocks) if new_computed_blocks is not None else []
+        if not hits:
+            return hits
+        if self.req_to_blocks.get(request.id) or request.num_computed_tokens:
+            raise ValueError(
+                f"request {request.id} already has blocks or computed tokens; prefix-cache hits "
+                "(new_computed_blocks) are only taken when a request is admitted."
+            )
+        if num_new_computed_tokens != len(hits) * self.block_size:
+            raise ValueError(
+                f"num_new_computed_tokens is {num_new_computed_tokens} but the {len(hits)} hit block(s) "
+                f"hold {len(hits) * self.block_size} tokens; pass both from get_computed_blocks()."
+            )
+        return hits
+
+    # ---- freeing ----
+
+    def free(self, request: Request) -> None:
+        """Give back a finished or preempted request's blocks; an unknown request is a no-op."""
+        self.req_to_block_hashes.pop(request.id, None)
+        self.num_cached_block.pop(request.id, None)
+        # Exercise 3.4: remove the request's table from self.req_to_blocks (an unknown request has
+        # none: do nothing), and free its blocks in REVERSE order, tail first, so that the tail is
+        # reused before the head (a later request can still share the head).
+        # BEGIN SOLUTION 3.4
+        blocks = self.req_to_blocks.pop(request.id, [])
+        self.block_pool.free_blocks(reversed(blocks))
+        # END SOLUTION
+
+    # ---- prefix caching ----
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Prefix-cache hits for a request being admitted: the cached blocks and the tokens they hold."""
+        if not self.enable_prefix_caching:
+            return KVCacheBlocks.empty(), 0
+        # Exercise 4.2: the last token is always recomputed (its logits give the next token), so
+        # only full blocks of request.all_token_ids[:request.num_tokens - 1] can be hits: hash them
+        # with hash_request_tokens. Walk the hashes in order, ask self.block_pool.get_cached_block
+        # for each (with that block's slice of the tokens) and stop at the first miss. Return
+        # (KVCacheBlocks(hits), number of tokens the hits hold).
+        # BEGIN SOLUTION 4.2
+        token_ids = request.all_token_ids[: request.num_tokens - 1]
+        hits: list[KVCacheBlock] = []
+        for i, block_hash in enumerate(hash_request_tokens(self.block_size, token_ids)):
+            start = i * self.block_size
+            block = self.block_pool.get_cached_block(block_hash, token_ids[start:start + self.block_size])
+            if block is None:
+                break
+            hits.append(block)
+        return KVCacheBlocks(hits), len(hits) * self.block_size
+        # END SOLUTION
+
+    def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        """Hash and publish every block this step fills with KNOWN tokens (a prompt's at admission)."""
+        if not self.enable_prefix_caching:
+            return
+        token_ids = request.all_token_ids
+        num_full = min(num_tokens, len(token_ids)) // self.block_size
+        num_done = self.num_cached_block.get(request.id, 0)
+        if num_full <= num_done:
+            return
+        hashes = self.req_to_block_hashes.setdefault(request.id, [])
+        while len(hashes) < num_full:
+            start = len(hashes) * self.block_size
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, token_ids[start:start + self.block_size]))
+        block_tokens = [token_ids[i * self.block_size:(i + 1) * self.block_size] for i in range(num_done, num_full)]
+        self.block_pool.cache_full_blocks(req_blocks[num_done:num_full], hashes[num_done:num_full], block_tokens)
+        self.num_cached_block[request.id] = num_full
+
+    def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
+        """Count an admission's tokens and hits, for the hit-rate plot (only while caching is on)."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_stats.requests += 1
+            self.prefix_cache_stats.queries += request.num_tokens
+            self.prefix_cache_stats.hits += num_hit_tokens
+
+    def reset_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Return the counts so far and start new ones (one plot point per workload)."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    # ---- parallel sampling: fork and copy-on-write ----
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Let a child sequence share every block of its parent: no copy until one of them writes."""
+        if parent.id not in self.req_to_blocks:
+            raise ValueError(f"cannot fork request {parent.id}: it holds no blocks.")
+        if self.req_to_blocks.get(child.id):
+            raise ValueError(f"cannot fork into request {child.id}: it already holds blocks.")
+        if child.num_computed_tokens != parent.num_computed_tokens:
+            raise ValueError(
+                f"the child's num_computed_tokens ({child.num_computed_tokens}) must equal the parent's "
+                f"({parent.num_computed_tokens}): a fork starts from the same cached tokens."
+            )
+        # Exercise 4.5: give the child a table of its own (a new list) holding the parent's blocks,
+        # and add one holder to each block (self.block_pool.touch).
+        # BEGIN SOLUTION 4.5
+        blocks = self.req_to_blocks[parent.id]
+        self.block_pool.touch(blocks)
+        self.req_to_blocks[child.id] = list(blocks)
+        # END SOLUTION
+        self.req_to_block_hashes[child.id] = list(self.req_to_block_hashes.get(parent.id, []))
+        self.num_cached_block[child.id] = self.num_cached_block.get(parent.id, 0)
+
+    def _shared_blocks_to_write(self, request: Request, first_write: int, num_tokens: int) -> list[int]:
+        """Logical indices of blocks this step writes into that another table also holds."""
+        req_blocks = self.req_to_blocks.get(request.id, [])
+        if num_tokens <= first_write or not req_blocks:
+            return []
+        last = min(len(req_blocks), blocks_needed(num_tokens, self.block_size))
+        return [i for i in range(first_write // self.block_size, last) if req_blocks[i].ref_cnt > 1]
+
+    def _copy_on_write(self, req_blocks: list[KVCacheBlock], indices: list[int]) -> list[KVCacheBlock]:
+        """Give this table private copies of shared blocks before it writes into them."""
+        # Exercise 4.5: take len(indices) new blocks from the pool. For each index i: the shared block
+        # req_blocks[i] loses this holder (free it through the pool), its copy takes its place in
+        # the table, and (src id, dst id) goes into self.pending_copies. Return the new blocks.
+        # BEGIN SOLUTION 4.5
+        copies = self.block_pool.get_new_blocks(len(indices))
+        for i, dst in zip(indices, copies):
+            src = req_blocks[i]
+            self.block_pool.free_blocks([src])
+            req_blocks[i] = dst
+            self.pending_copies.append((src.block_id, dst.block_id))
+        return copies
+        # END SOLUTION
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies to run before the next forward pass; the list is then cleared."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def __repr__(self) -> str:
+        """The numbers to glance at in a notebook: size, free blocks, requests, caching."""
+        return (
+            f"KVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"free={self.get_num_free_blocks()}, requests={len(self.req_to_blocks)}, "
+            f"prefix_caching={self.enable_prefix_caching})"
+        )
+
+
+__all__ = [
+    "BlockHash",
+    "BlockPool",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "KVCacheBlocks",
+    "KVCacheManager",
+    "MockKVCacheManager",
+    "PrefixCacheStats",
+    "hash_block_tokens",
+    "hash_request_tokens",
+]

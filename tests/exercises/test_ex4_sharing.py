@@ -1,0 +1,347 @@
+"""Graded tests for notebook 04: hash chain, prefix lookup, shared blocks, LRU eviction, fork + copy-on-write."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvcourse.kv_cache as kv_cache
+from kvcourse.kv_cache import BlockPool, KVCacheManager, hash_block_tokens, hash_request_tokens
+from kvcourse.request import Request
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM = list(range(1000, 1012))  # a 12-token "system prompt": 3 full blocks of 4
+
+
+def request(request_id: int, tokens: list[int], num_computed_tokens: int = 0) -> Request:
+    """A request whose prompt is exactly `tokens`."""
+    return Request(request_id, list(tokens), max_new_tokens=8, num_computed_tokens=num_computed_tokens)
+
+
+def admit(manager: KVCacheManager, req: Request) -> int:
+    """What a scheduler does: look up the prefix, allocate the rest, mark the prompt computed."""
+    hits, num_hit_tokens = manager.get_computed_blocks(req)
+    new = manager.allocate_slots(req, req.num_tokens - num_hit_tokens, num_hit_tokens, hits)
+    assert new is not None, "admitting a request should succeed while enough blocks are free"
+    req.num_computed_tokens = req.num_tokens
+    return num_hit_tokens
+
+
+def free_ids(manager: KVCacheManager) -> list[int]:
+    """The free queue front to back, as ids."""
+    return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+# ---- 4.1 the hash chain ------------------------------------------------------------------
+
+
+@pytest.mark.ex4_1
+def test_hash_is_repeatable_and_hashable():
+    first = hash_block_tokens(None, [1, 2, 3, 4])
+    assert first == hash_block_tokens(None, [1, 2, 3, 4]), "the same parent and tokens should give the same hash"
+    assert {first: 0}, "a block hash should be usable as a dictionary key"
+    assert first != hash_block_tokens(None, [1, 2, 3, 5]), "different tokens should give a different hash"
+    assert first != hash_block_tokens(None, [4, 3, 2, 1]), "the order of the tokens should matter"
+
+
+@pytest.mark.ex4_1
+def test_hash_depends_on_the_parent():
+    parent_a = hash_block_tokens(None, [1, 2])
+    parent_b = hash_block_tokens(None, [3, 4])
+    assert hash_block_tokens(parent_a, [5, 6]) != hash_block_tokens(parent_b, [5, 6]), (
+        "the same tokens after a different prefix should give a different hash: mix in the parent's hash"
+    )
+    assert hash_block_tokens(parent_a, [5, 6]) != hash_block_tokens(None, [5, 6]), (
+        "a block with a parent should not hash like a first block"
+    )
+
+
+@pytest.mark.ex4_1
+def test_chain_covers_full_blocks_only():
+    tokens = list(range(10))
+    hashes = hash_request_tokens(4, tokens)
+    assert len(hashes) == 2, "the chain should have one hash per FULL block; a partial last block gets none"
+    assert hashes[0] == hash_block_tokens(None, tokens[0:4]), "the first block's parent should be None"
+    assert hashes[1] == hash_block_tokens(hashes[0], tokens[4:8]), "each block's parent should be the previous block's hash"
+    assert len(hash_request_tokens(4, tokens[:8])) == 2, "a sequence that ends on a block boundary hashes every block"
+    assert hash_request_tokens(4, tokens[:3]) == [], "fewer tokens than a block give no hash"
+
+
+@pytest.mark.ex4_1
+def test_an_early_difference_changes_every_later_hash():
+    a = hash_request_tokens(2, [1, 2, 3, 4, 5, 6])
+    b = hash_request_tokens(2, [9, 2, 3, 4, 5, 6])
+    assert all(x != y for x, y in zip(a, b)), "a change in the first block should change the hash of every later block"
+
+
+@pytest.mark.ex4_1
+def test_hash_is_the_same_in_another_process():
+    tokens = [5, 17, 3, 99, 42, 8, 7, 1]
+    here = [h.hex() if isinstance(h, bytes) else repr(h) for h in hash_request_tokens(4, tokens)]
+    code = (
+        "import kvcourse.kv_cache as k\n"
+        f"print([h.hex() if isinstance(h, bytes) else repr(h) for h in k.hash_request_tokens(4, {tokens})])"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, "computing the hashes in a fresh Python process failed"
+    assert done.stdout.strip() == repr(here), (
+        "another process computed different hashes: use hashlib over a stable encoding, not Python's hash()"
+    )
+
+
+# ---- 4.2 prefix-cache lookup -------------------------------------------------------------
+
+
+@pytest.mark.ex4_2
+def test_get_cached_block_confirms_the_tokens():
+    pool = BlockPool(4, enable_caching=True)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_full_blocks([block], [b"hash-a"], [[1, 2]])
+    assert pool.get_cached_block(b"hash-a", [1, 2]) is block, "a published block should be found by its hash"
+    assert pool.get_cached_block(b"hash-a", [1, 3]) is None, (
+        "a hash whose block holds other tokens is a collision and must not be a hit"
+    )
+    assert pool.get_cached_block(b"hash-b", [1, 2]) is None, "an unknown hash should not be a hit"
+
+
+@pytest.mark.ex4_2
+def test_second_request_hits_the_shared_prefix():
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    first = request(1, SYSTEM + [1, 2, 3])
+    admit(manager, first)
+    second = request(2, SYSTEM + [7, 8])
+    hits, num_tokens = manager.get_computed_blocks(second)
+    assert num_tokens == 12, "every full block of the shared prefix should be a hit"
+    assert hits.get_block_ids() == manager.get_block_ids(first)[:3], "the hits should be the first request's own blocks, in order"
+
+
+@pytest.mark.ex4_2
+def test_last_token_is_always_recomputed():
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    admit(manager, request(1, SYSTEM))
+    hits, num_tokens = manager.get_computed_blocks(request(2, SYSTEM))
+    assert num_tokens == 8, "an identical prompt must not hit the block holding its last token: that token is always recomputed"
+    assert len(hits) == 2, "the number of hit blocks should match the tokens they hold"
+
+
+@pytest.mark.ex4_2
+def test_lookup_stops_at_the_first_miss():
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    admit(manager, request(1, SYSTEM + [0]))
+    changed = SYSTEM[:4] + [0, 0, 0, 0] + SYSTEM[8:] + [0]
+    hits, num_tokens = manager.get_computed_blocks(request(2, changed))
+    assert num_tokens == 4, "after the first block that misses, nothing later may be a hit (its prefix differs)"
+
+
+@pytest.mark.ex4_2
+def test_cached_blocks_after_a_miss_are_not_hits():
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    pool = manager.block_pool
+    blocks = pool.get_new_blocks(3)
+    hashes = hash_request_tokens(4, SYSTEM)
+    pool.cache_full_blocks(blocks[1:], hashes[1:], [SYSTEM[4:8], SYSTEM[8:12]])  # the first block was evicted
+    pool.free_blocks(blocks)
+    hits, num_tokens = manager.get_computed_blocks(request(2, SYSTEM + [0]))
+    assert num_tokens == 0, "after a miss, later blocks must not be hits even if they are cached (stop at the first miss)"
+
+
+@pytest.mark.ex4_2
+def test_no_hits_when_caching_is_off_or_cache_is_cold():
+    cold = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    hits, num_tokens = cold.get_computed_blocks(request(1, SYSTEM))
+    assert (len(hits), num_tokens) == (0, 0), "an empty cache should give no hits"
+    off = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    admit(off, request(1, SYSTEM))
+    admit(cold, request(1, SYSTEM))
+    hits, num_tokens = off.get_computed_blocks(request(2, SYSTEM))
+    assert (len(hits), num_tokens) == (0, 0), "with prefix caching off there should never be a hit"
+
+
+@pytest.mark.ex4_2
+def test_hash_collision_is_not_a_hit(monkeypatch):
+    monkeypatch.setattr(kv_cache, "hash_block_tokens", lambda parent, tokens: b"always-the-same")
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    admit(manager, request(1, [1, 2, 3, 4, 5, 6, 7, 8, 9]))
+    hits, num_tokens = manager.get_computed_blocks(request(2, [9, 9, 9, 9, 5, 6, 7, 8, 9]))
+    assert num_tokens == 0, "when two different blocks share a hash, the lookup must check the tokens and miss"
+
+
+# ---- 4.3 taking hits ---------------------------------------------------------------------
+
+
+@pytest.mark.ex4_3
+def test_touch_adds_a_holder():
+    pool = BlockPool(4, enable_caching=True)
+    held = pool.get_new_blocks(1)[0]
+    pool.touch([held])
+    assert held.ref_cnt == 2, "touch should add one holder to a block already in use"
+    assert pool.get_num_free_blocks() == 3, "touching a block in use should not change the free count"
+
+
+@pytest.mark.ex4_3
+def test_touch_revives_a_free_block():
+    pool = BlockPool(4, enable_caching=True)
+    a, b = pool.get_new_blocks(2)
+    pool.free_blocks([a, b])
+    pool.touch([a])
+    assert a.ref_cnt == 1, "touching a free block should give it one holder"
+    assert pool.get_num_free_blocks() == 3, "touching a free block should take it out of the free queue"
+    assert a not in pool.free_block_queue.get_all_free_blocks(), "a touched block must not stay in the free queue"
+    assert a not in pool.get_new_blocks(3), "a touched block must never be handed out to someone else"
+
+
+@pytest.mark.ex4_3
+def test_hits_are_shared_not_copied():
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    first = request(1, SYSTEM + [1])
+    admit(manager, first)
+    free_before = manager.get_num_free_blocks()
+    second = request(2, SYSTEM + [2, 3])
+    assert admit(manager, second) == 12, "the second request should hit the shared prefix"
+    shared = manager.get_block_ids(first)[:3]
+    assert manager.get_block_ids(second)[:3] == shared, "the second request's table should start with the shared blocks"
+    assert all(manager.block_pool.blocks[i].ref_cnt == 2 for i in shared), "each shared block should have two holders"
+    assert manager.get_num_free_blocks() == free_before - 1, "only the unshared tail should take a new block"
+
+
+@pytest.mark.ex4_3
+def test_hits_on_freed_blocks_leave_the_free_queue():
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    first = request(1, SYSTEM + [1])
+    admit(manager, first)
+    shared = manager.get_block_ids(first)[:3]
+    manager.free(first)
+    second = request(2, SYSTEM + [2])
+    assert admit(manager, second) == 12, "blocks of a finished request should still be hits"
+    assert manager.get_block_ids(second)[:3] == shared, "the hits should be the freed request's blocks"
+    assert not set(shared) & set(free_ids(manager)), "blocks taken as hits must leave the free queue"
+    assert manager.get_num_free_blocks() == 4, "taking hits on free blocks should lower the free count by the hits plus the new blocks"
+
+
+@pytest.mark.ex4_3
+def test_everything_comes_back_after_sharing():
+    manager = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
+    reqs = [request(i, SYSTEM + [i, i]) for i in range(3)]
+    for req in reqs:
+        admit(manager, req)
+    for req in reqs:
+        manager.free(req)
+    assert manager.get_num_free_blocks() == 12, "after all requests end, every block should be free"
+    assert all(b.ref_cnt == 0 for b in manager.block_pool.blocks), "after all requests end, no block should have a holder"
+
+
+# ---- 4.4 free and LRU eviction -----------------------------------------------------------
+
+
+@pytest.mark.ex4_4
+def test_reusing_a_block_forgets_its_hash():
+    pool = BlockPool(2, enable_caching=True)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_full_blocks([block], [b"old"], [[1, 2]])
+    pool.free_blocks([block])
+    assert pool.get_cached_block(b"old", [1, 2]) is block, "a freed block should stay in the prefix cache"
+    reused = pool.get_new_blocks(2)
+    assert block in reused, "the test expected the cached block to be handed out again"
+    assert pool.get_cached_block(b"old", [1, 2]) is None, "a reused block must leave the prefix cache"
+    assert block.block_hash is None and block.token_ids is None, "a reused block should forget its hash and tokens"
+
+
+@pytest.mark.ex4_4
+def test_tail_is_evicted_before_head():
+    manager = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    first = request(1, SYSTEM + [5, 6, 7, 8])  # 4 full blocks
+    admit(manager, first)
+    manager.free(first)
+    admit(manager, request(2, [1, 2, 3]))  # takes one block: the first request's tail
+    hits, num_tokens = manager.get_computed_blocks(request(3, SYSTEM + [0]))
+    assert num_tokens == 12, "after one eviction, the head of a freed request should still be hittable"
+
+
+@pytest.mark.ex4_4
+def test_evicted_prefix_is_no_longer_served():
+    manager = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    first = request(1, SYSTEM + [0])
+    admit(manager, first)
+    manager.free(first)
+    filler = request(2, list(range(16)))
+    admit(manager, filler)
+    manager.free(filler)
+    hits, num_tokens = manager.get_computed_blocks(request(3, SYSTEM + [0]))
+    assert num_tokens == 0, "blocks overwritten by another request must not be served as hits"
+
+
+# ---- 4.5 fork and copy-on-write ----------------------------------------------------------
+
+
+def forked_pair(manager: KVCacheManager, num_tokens: int) -> tuple[Request, Request]:
+    """A parent with num_tokens computed tokens and a child forked from it (parallel sampling)."""
+    parent = request(1, list(range(num_tokens)), num_computed_tokens=0)
+    manager.allocate_slots(parent, num_tokens)
+    parent.num_computed_tokens = num_tokens
+    child = request(2, list(range(num_tokens)), num_computed_tokens=num_tokens)
+    manager.fork(parent, child)
+    return parent, child
+
+
+@pytest.mark.ex4_5
+def test_fork_shares_every_block():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 6)
+    assert manager.get_block_ids(child) == manager.get_block_ids(parent), "a fork should share every block of the parent"
+    assert all(b.ref_cnt == 2 for b in manager.get_blocks(parent).blocks), "every shared block should have two holders"
+    assert manager.get_num_free_blocks() == 6, "a fork should not take any new block"
+
+
+@pytest.mark.ex4_5
+def test_fork_gives_the_child_its_own_table():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 8)
+    manager.allocate_slots(child, 1)
+    assert len(manager.get_block_ids(parent)) == 2, "growing the child's table must not grow the parent's"
+    assert len(manager.get_block_ids(child)) == 3, "the child should get its own new block"
+
+
+@pytest.mark.ex4_5
+def test_writing_into_a_shared_partial_block_copies_it():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 6)
+    shared_last = manager.get_block_ids(parent)[1]
+    new = manager.allocate_slots(child, 1)
+    assert new is not None, "the child's write should succeed while blocks are free"
+    child_table = manager.get_block_ids(child)
+    assert child_table[0] == manager.get_block_ids(parent)[0], "the full first block should stay shared"
+    assert child_table[1] != shared_last, "the child must not write into the block its parent still uses"
+    assert manager.take_pending_copies() == [(shared_last, child_table[1])], "the copy should be reported as (src, dst)"
+    assert manager.take_pending_copies() == [], "take_pending_copies should empty the list"
+    assert manager.block_pool.blocks[shared_last].ref_cnt == 1, "after the copy, the old block has one holder left"
+
+
+@pytest.mark.ex4_5
+def test_writing_after_a_full_block_copies_nothing():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 8)
+    manager.allocate_slots(child, 1)
+    assert manager.take_pending_copies() == [], "a write into a fresh block needs no copy"
+
+
+@pytest.mark.ex4_5
+def test_copy_needs_a_free_block():
+    manager = KVCacheManager(num_blocks=2, block_size=4)
+    parent, child = forked_pair(manager, 6)
+    assert manager.allocate_slots(child, 1) is None, "a copy-on-write with no free block should fail"
+    assert manager.take_pending_copies() == [], "a failed allocation must not report a copy"
+    assert all(b.ref_cnt == 2 for b in manager.get_blocks(child).blocks), "a failed allocation must not change ref counts"
+
+
+@pytest.mark.ex4_5
+def test_fork_and_free_leak_nothing():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 6)
+    manager.allocate_slots(child, 1)
+    manager.allocate_slots(parent, 1)
+    manager.free(parent)
+    manager.free(child)
+    assert manager.get_num_free_blocks() == 8, "after parent and child end, every block should be free"
