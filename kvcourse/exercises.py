@@ -33,7 +33,7 @@ _ROWS = [
     ("2.1", "Allocate a slot for each decode", "scheduler",
      "A decode feeds exactly one token. Ask the manager for room for it before putting it in the batch."),
     ("2.2", "Allocate prefill chunks", "scheduler",
-     "A chunk is at most what is left of the token budget. Allocate it before scheduling; admit only what you allocated."),
+     "A chunk is at most what is left of the token budget. Allocate it before scheduling; when admitting, take the admitted request itself (not the queue's head) out of the waiting queue."),
     ("2.3", "Free blocks on completion", "scheduler",
      "A request that is complete gives all its blocks back, exactly once, and leaves the running set."),
     ("2.4", "Preempt by recompute", "scheduler",
@@ -63,11 +63,11 @@ _ROWS = [
     ("5.2", "Reference paged decode attention", "attention",
      "Gather each sequence's keys and values through its block table, keep the first seq_len, then softmax(q.k * scale) @ v."),
     ("5.3", "Mixed prefill and decode attention", "attention",
-     "Query i of a chunk sits at position (context_len - chunk_len + i) and may see keys up to and including that position."),
+     "A chunk holds a sequence's last L tokens: query i sits at position (seq_len - L + i) and may see keys up to and including that position."),
     ("5.4", "Triton paged decode kernel", "attention",
      "One program per (sequence, head): loop over the block table, keep a running max and sum (online softmax)."),
     ("5.5", "Model-runner inputs", "model_runner",
-     "Positions start at num_computed_tokens; each token's slot comes from its block table entry and offset."),
+     "Positions start at position_ids_start (the tokens already cached); position p lives in block p // block_size at offset p % block_size."),
 ]
 
 EXERCISES: dict[str, Exercise] = {row[0]: Exercise(*row) for row in _ROWS}

@@ -1,0 +1,210 @@
+"""The scheduler-cache contract: the handle, the protocol, and a mock manager that only counts blocks.
+
+The scheduler decides *which* requests run (policy); a KV-cache manager decides *where* their keys
+and values live (mechanism). They talk through the few methods of `KVCacheManagerProtocol`, so the
+scheduler runs unchanged over `MockKVCacheManager` (notebook 02) and the paged `KVCacheManager`
+(notebook 03).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from kvcourse.request import Request
+
+
+def _block_id(block: Any) -> int:
+    """A block is either a plain int id or an object with a `.block_id` (the real `KVCacheBlock`)."""
+    return block if isinstance(block, int) else block.block_id
+
+
+class KVCacheBlocks:
+    """An opaque handle to some blocks, handed from the manager to the scheduler and the executor."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: Iterable[Any] = ()) -> None:
+        """Wrap the blocks (ints or KVCacheBlock objects) in a fixed tuple, so holders cannot edit them."""
+        self.blocks: tuple[Any, ...] = tuple(blocks)
+
+    @classmethod
+    def empty(cls) -> KVCacheBlocks:
+        """The handle for 'no blocks' (for example, no prefix-cache hit)."""
+        return cls(())
+
+    def get_block_ids(self) -> list[int]:
+        """Physical block ids, in logical order: all the executor needs to find the memory."""
+        return [_block_id(block) for block in self.blocks]
+
+    def __len__(self) -> int:
+        """Number of blocks (an empty handle is falsy)."""
+        return len(self.blocks)
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        """Concatenate two handles (cached prefix blocks + newly allocated ones)."""
+        if not isinstance(other, KVCacheBlocks):
+            return NotImplemented
+        return KVCacheBlocks(self.blocks + other.blocks)
+
+    def __eq__(self, other: object) -> bool:
+        """Two handles are equal when they name the same blocks in the same order."""
+        return isinstance(other, KVCacheBlocks) and self.get_block_ids() == other.get_block_ids()
+
+    def __repr__(self) -> str:
+        """Show the ids only: what a reader of a trace needs."""
+        return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+@runtime_checkable
+class KVCacheManagerProtocol(Protocol):
+    """What any KV-cache manager offers the scheduler (the mock and the paged manager both do)."""
+
+    num_blocks: int
+    block_size: int
+
+    def get_num_free_blocks(self) -> int:
+        """How many blocks could be handed out right now."""
+        ...
+
+    def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether `allocate_slots(request, num_new_tokens)` would succeed now."""
+        ...
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+    ) -> KVCacheBlocks | None:
+        """Make room for num_computed + num_new_computed + num_new tokens, all or nothing."""
+        ...
+
+    def free(self, request: Request) -> None:
+        """Give all of a request's blocks back (a no-op for an unknown request)."""
+        ...
+
+    def get_block_ids(self, request: Request) -> list[int]:
+        """The request's block table ([] for an unknown request)."""
+        ...
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Prefix-cache hits for a waiting request: the blocks and how many tokens they hold."""
+        ...
+
+    @property
+    def usage(self) -> float:
+        """Fraction of all blocks in use."""
+        ...
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """ceil(num_tokens / block_size): the blocks that hold num_tokens tokens (a partial block counts)."""
+    return -(-num_tokens // block_size)
+
+
+def _check_count(name: str, value: int) -> None:
+    """Token counts come from the scheduler's arithmetic; a negative one is a bug to report early."""
+    if value < 0:
+        raise ValueError(f"{name} is {value}; a token count must be 0 or more.")
+
+
+class MockKVCacheManager:
+    """A KV-cache manager that hands out fake consecutive block ids and counts them exactly."""
+
+    def __init__(self, num_blocks: int, block_size: int, verbose: bool = False) -> None:
+        """An empty cache of num_blocks blocks; verbose prints each allocation and free."""
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
+        if block_size <= 0:
+            raise ValueError(f"block_size is {block_size}; a block holds at least one token.")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.verbose = verbose
+        self.req_to_blocks: dict[int, list[int]] = {}
+        self._num_free = num_blocks
+        self._next_id = 0
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks not held by any request."""
+        return self._num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction of all blocks in use (0.0 empty, 1.0 full)."""
+        return 1.0 - self._num_free / self.num_blocks
+
+    def get_block_ids(self, request: Request) -> list[int]:
+        """The request's block table (a copy, so the caller cannot corrupt it)."""
+        return list(self.req_to_blocks.get(request.id, []))
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The mock caches no prefixes: never a hit."""
+        return KVCacheBlocks.empty(), 0
+
+    def num_blocks_to_allocate(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0) -> int:
+        """Exact count: ceil(tokens after this step / block_size) minus the blocks already held."""
+        _check_count("num_new_tokens", num_new_tokens)
+        _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        held = len(self.req_to_blocks.get(request.id, []))
+        return max(0, blocks_needed(total, self.block_size) - held)
+
+    def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether enough blocks are free for the request's next num_new_tokens tokens."""
+        return self.num_blocks_to_allocate(request, num_new_tokens) <= self._num_free
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+    ) -> KVCacheBlocks | None:
+        """Take the blocks the step needs, all or nothing; None (and no change) when too few are free."""
+        if new_computed_blocks:
+            raise ValueError(
+                "MockKVCacheManager caches no prefixes, so it never hands out computed blocks; "
+                "pass the (empty) blocks from its own get_computed_blocks()."
+            )
+        needed = self.num_blocks_to_allocate(request, num_new_tokens, num_new_computed_tokens)
+        if needed > self._num_free:
+            self._log(f"Cannot allocate {needed} blocks for Req {request.id}. Free blocks: {self._num_free}")
+            return None
+        table = self.req_to_blocks.setdefault(request.id, [])
+        new_ids = list(range(self._next_id, self._next_id + needed))
+        self._next_id += needed
+        table.extend(new_ids)
+        self._num_free -= needed
+        if needed:
+            self._log(f"Allocated {needed} blocks for Req {request.id}. Free blocks: {self._num_free}")
+        return KVCacheBlocks(new_ids)
+
+    def free(self, request: Request) -> None:
+        """Give the request's blocks back; freeing an unknown (or already freed) request does nothing."""
+        table = self.req_to_blocks.pop(request.id, None)
+        if table is None:
+            return
+        self._num_free += len(table)
+        self._log(f"Freed {len(table)} blocks from Req {request.id}. Free blocks: {self._num_free}")
+
+    def _log(self, message: str) -> None:
+        """The source lesson's trace lines, printed only when asked for."""
+        if self.verbose:
+            print(f"    [Cache] {message}")
+
+    def __repr__(self) -> str:
+        """Sizes and free count, no addresses (stable in notebooks)."""
+        return (
+            f"MockKVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"free={self._num_free})"
+        )
+
+
+__all__ = [
+    "KVCacheBlocks",
+    "KVCacheManagerProtocol",
+    "MockKVCacheManager",
+    "blocks_needed",
+]

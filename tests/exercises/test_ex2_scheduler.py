@@ -1,0 +1,364 @@
+"""Graded tests for notebook 02: the memory-aware StallFreeScheduler (exercises 2.1-2.5).
+
+Tests of 2.1-2.4 put requests straight into `waiting_queue` / `active_pool` (the lesson's names)
+instead of calling `add_request`, so that they do not depend on Exercise 2.5.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
+from kvcourse.request import Request, RequestStatus
+from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
+from kvcourse.toy import run, toy_generate, toy_requests
+
+
+def make(num_blocks: int = 64, block_size: int = 4, token_budget: int = 64, max_batch_size: int = 8):
+    """A scheduler over a fresh mock manager."""
+    manager = MockKVCacheManager(num_blocks=num_blocks, block_size=block_size)
+    return StallFreeScheduler(token_budget, max_batch_size, manager), manager
+
+
+def prompt(length: int, start: int = 1) -> list[int]:
+    """Distinct, readable prompt tokens."""
+    return list(range(start, start + length))
+
+
+def queue(scheduler: StallFreeScheduler, *requests: Request) -> None:
+    """Put requests in the waiting queue directly (add_request would need Exercise 2.5)."""
+    scheduler.waiting_queue.extend(requests)
+
+
+def decoding(scheduler: StallFreeScheduler, manager: MockKVCacheManager, request_id: int,
+             prompt_len: int, outputs: list[int], max_new_tokens: int = 50) -> Request:
+    """A running request past its prefill: everything but its newest token cached, blocks held."""
+    request = Request(id=request_id, prompt_tokens=prompt(prompt_len, 100 * request_id + 1),
+                      max_new_tokens=max_new_tokens, output_tokens=list(outputs))
+    assert manager.allocate_slots(request, request.num_tokens - 1) is not None
+    request.num_computed_tokens = request.num_tokens - 1
+    request.status = RequestStatus.RUNNING
+    scheduler.active_pool[request.id] = request
+    return request
+
+
+def hold_blocks(manager: MockKVCacheManager, num_tokens: int) -> Request:
+    """Someone else's request holding blocks, so that memory is short."""
+    other = Request(id=999, prompt_tokens=[0] * num_tokens, max_new_tokens=0)
+    assert manager.allocate_slots(other, num_tokens) is not None
+    return other
+
+
+def run_all(scheduler: StallFreeScheduler, requests: list[Request]):
+    """Queue the requests and drive the scheduler with the toy executor to the end."""
+    queue(scheduler, *requests)
+    return run(scheduler, max_iterations=2_000)
+
+
+# --------------------------------------------------------------------------------------- 2.1
+@pytest.mark.ex2_1
+def test_decode_feeds_the_newest_token_at_the_next_position():
+    scheduler, manager = make()
+    request = decoding(scheduler, manager, 0, prompt_len=10, outputs=[42])
+    batch = scheduler.schedule_next_batch()
+    assert len(batch) == 1, "a running request past its prefill should get exactly one decode"
+    seq = batch[0]
+    assert seq.request_id == request.id and seq.is_decode, "the scheduled sequence should be a decode of that request"
+    assert seq.tokens == [42], "a decode should feed the newest sampled token (no placeholder)"
+    assert seq.position_ids_start == 10, "a decode's position should be the number of tokens already cached"
+    assert request.num_computed_tokens == request.num_tokens, "after scheduling, the decoded token counts as computed"
+
+
+@pytest.mark.ex2_1
+def test_decode_takes_a_new_block_only_at_a_block_boundary():
+    scheduler, manager = make(num_blocks=20, block_size=4)
+    at_boundary = decoding(scheduler, manager, 0, prompt_len=7, outputs=[5, 6])   # 8 cached: blocks full
+    inside = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5, 6])        # 9 cached: room left
+    free_before = manager.get_num_free_blocks()
+    batch = scheduler.schedule_next_batch()
+    assert len(batch) == 2, "both running requests should decode"
+    assert len(manager.get_block_ids(at_boundary)) == 3, "a decode past a full block must allocate one more block"
+    assert len(manager.get_block_ids(inside)) == 3, "a decode that fits the last block must not allocate another"
+    assert manager.get_num_free_blocks() == free_before - 1, "the step took the wrong number of blocks"
+
+
+@pytest.mark.ex2_1
+def test_decodes_stay_within_the_token_budget_oldest_first():
+    scheduler, manager = make(token_budget=2)
+    requests = [decoding(scheduler, manager, i, prompt_len=5, outputs=[9]) for i in range(3)]
+    batch = scheduler.schedule_next_batch()
+    assert sum(len(s.tokens) for s in batch) <= 2, "the batch went over the token budget"
+    assert [s.request_id for s in batch] == [requests[0].id, requests[1].id], \
+        "decodes should go in admission order until the budget is spent"
+    assert requests[2].num_computed_tokens == requests[2].num_tokens - 1, "an unscheduled decode must not advance"
+
+
+# --------------------------------------------------------------------------------------- 2.2
+@pytest.mark.ex2_2
+def test_admission_schedules_the_whole_prompt_when_the_budget_allows():
+    scheduler, manager = make(block_size=16)
+    request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=4)
+    queue(scheduler, request)
+    batch = scheduler.schedule_next_batch()
+    assert len(batch) == 1 and not batch[0].is_decode, "a new request should get one prefill chunk"
+    assert batch[0].tokens == request.prompt_tokens and batch[0].position_ids_start == 0, \
+        "the first chunk should be the prompt from position 0"
+    assert batch[0].samples_token, "the chunk that completes the prompt must sample the first output token"
+    assert request.status is RequestStatus.RUNNING, "an admitted request should be RUNNING"
+    assert scheduler.active_pool.get(0) is request and not scheduler.waiting_queue, \
+        "an admitted request moves from the waiting queue to active_pool"
+    assert len(manager.get_block_ids(request)) == 2, "the prompt's blocks were not allocated (or too many were)"
+
+
+@pytest.mark.ex2_2
+def test_a_long_prompt_is_chunked_and_continued():
+    scheduler, manager = make(block_size=8, token_budget=16)
+    request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
+    queue(scheduler, request)
+    starts, held, samples = [], [], []
+    for _ in range(3):
+        batch = scheduler.schedule_next_batch()
+        assert len(batch) == 1, "the request should get one prefill chunk per step"
+        seq = batch[0]
+        assert seq.tokens == request.prompt_tokens[seq.position_ids_start: seq.position_ids_start + len(seq.tokens)], \
+            "a chunk's tokens should be the prompt tokens at its positions"
+        starts.append(seq.position_ids_start)
+        held.append(len(manager.get_block_ids(request)))
+        samples.append(seq.samples_token)
+        scheduler.update_from_output(batch, {0: 7} if seq.samples_token else {})
+    assert starts == [0, 16, 32], "each chunk should start where the cached tokens end, and fill the budget"
+    assert held == [2, 4, 5], "each chunk should allocate exactly the blocks it needs before it is scheduled"
+    assert samples == [False, False, True], "only the chunk that completes the prompt samples a token"
+
+
+@pytest.mark.ex2_2
+def test_admission_takes_the_request_that_fits_not_the_head():
+    scheduler, manager = make(num_blocks=10, block_size=4)
+    hold_blocks(manager, 28)  # 7 of 10 blocks taken by someone else
+    big = Request(id=0, prompt_tokens=prompt(16), max_new_tokens=4)   # needs 4 blocks now
+    small = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=4)  # needs 1 block now
+    queue(scheduler, big, small)
+    batch = scheduler.schedule_next_batch()
+    assert [s.request_id for s in batch] == [small.id], "only the request that fits should be scheduled"
+    assert list(scheduler.waiting_queue) == [big], "the request that did not fit should still wait, at the head"
+    assert list(scheduler.active_pool) == [small.id], "the admitted request (not the queue's head) should run"
+    assert big.status is RequestStatus.WAITING and big.num_computed_tokens == 0, "a skipped request must be untouched"
+
+
+@pytest.mark.ex2_2
+def test_failed_admission_changes_nothing():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    hold_blocks(manager, 12)
+    request = Request(id=0, prompt_tokens=prompt(8), max_new_tokens=2)
+    queue(scheduler, request)
+    batch = scheduler.schedule_next_batch()
+    assert batch == [], "nothing fits, so nothing should be scheduled"
+    assert list(scheduler.waiting_queue) == [request] and not scheduler.active_pool, "the request should keep waiting"
+    assert manager.get_num_free_blocks() == 1 and manager.get_block_ids(request) == [], \
+        "a failed admission must not hold any block"
+
+
+@pytest.mark.ex2_2
+def test_admission_uses_prefix_cache_hits():
+    class HitManager(MockKVCacheManager):
+        """A mock that reports the first 8 tokens as cached and records allocate_slots calls."""
+
+        calls: list = []
+
+        def get_computed_blocks(self, request):
+            return KVCacheBlocks.empty(), 8
+
+        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None):
+            self.calls.append((num_new_tokens, num_new_computed_tokens))
+            return super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks)
+
+    manager = HitManager(num_blocks=16, block_size=4)
+    scheduler = StallFreeScheduler(64, 4, manager)
+    request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=2)
+    queue(scheduler, request)
+    batch = scheduler.schedule_next_batch()
+    assert manager.calls and manager.calls[0][1] == 8, "allocate_slots should be told how many tokens were cache hits"
+    assert batch and batch[0].position_ids_start == 8, "the first chunk should start after the cached prefix"
+    assert batch[0].tokens == request.prompt_tokens[8:], "only the tokens after the cached prefix should be fed"
+    assert request.num_computed_tokens == 20, "cached and newly scheduled tokens both count as computed"
+
+
+@pytest.mark.ex2_2
+def test_admission_respects_the_batch_size():
+    scheduler, _ = make(max_batch_size=2)
+    requests = [Request(id=i, prompt_tokens=prompt(3), max_new_tokens=2) for i in range(3)]
+    queue(scheduler, *requests)
+    batch = scheduler.schedule_next_batch()
+    assert len(batch) <= 2 and len(scheduler.active_pool) <= 2, "more requests run than max_batch_size allows"
+    assert [s.request_id for s in batch] == [0, 1], "admissions should follow the queue order"
+
+
+# --------------------------------------------------------------------------------------- 2.3
+@pytest.mark.ex2_3
+def test_a_complete_request_gives_its_blocks_back_and_others_keep_theirs():
+    scheduler, manager = make(num_blocks=16, block_size=4)
+    done = decoding(scheduler, manager, 0, prompt_len=6, outputs=[3], max_new_tokens=2)
+    going = decoding(scheduler, manager, 1, prompt_len=6, outputs=[3], max_new_tokens=5)
+    batch = scheduler.schedule_next_batch()
+    finished = scheduler.update_from_output(batch, {0: 11, 1: 12})
+    assert finished == [done], "update_from_output should return exactly the requests it finished"
+    assert done.status is RequestStatus.FINISHED, "a request with all its tokens should be FINISHED"
+    assert done.id not in scheduler.active_pool, "a finished request should leave active_pool"
+    assert manager.get_block_ids(done) == [], "a finished request's blocks should be freed"
+    assert going.status is RequestStatus.RUNNING and len(manager.get_block_ids(going)) == 2, \
+        "an unfinished request must keep its blocks"
+    assert manager.get_num_free_blocks() == 16 - 2, "the free-block count is off after freeing"
+
+
+@pytest.mark.ex2_3
+def test_end_of_sequence_token_finishes_and_frees():
+    scheduler, manager = make()
+    request = decoding(scheduler, manager, 0, prompt_len=5, outputs=[3], max_new_tokens=10)
+    request.eos_token_id = 0
+    batch = scheduler.schedule_next_batch()
+    scheduler.update_from_output(batch, {0: 0})
+    assert request.status is RequestStatus.FINISHED, "sampling the end-of-sequence token should finish the request"
+    assert manager.get_num_free_blocks() == manager.num_blocks, "the finished request's blocks should be freed"
+    assert not scheduler.has_unfinished_requests(), "nothing should be left to run"
+
+
+@pytest.mark.ex2_3
+def test_freed_blocks_let_the_next_request_run():
+    scheduler, manager = make(num_blocks=4, block_size=4)   # room for one request at a time
+    requests = toy_requests([13, 13], max_new_tokens=3, seed=3)
+    run_all(scheduler, requests)
+    for request in requests:
+        assert request.status is RequestStatus.FINISHED, "every request should finish once memory is freed"
+        assert request.output_tokens == toy_generate(request.prompt_tokens, 3), "a request's outputs are wrong"
+    assert manager.get_num_free_blocks() == 4, "all blocks should be free at the end"
+
+
+@pytest.mark.ex2_3
+def test_one_token_request_finishes_after_its_prefill():
+    scheduler, manager = make()
+    request = Request(id=0, prompt_tokens=prompt(9), max_new_tokens=1)
+    trace = run_all(scheduler, [request])
+    assert len(trace.steps) == 1, "a request that wants one token should finish in the step that prefills it"
+    assert request.status is RequestStatus.FINISHED and len(request.output_tokens) == 1, \
+        "the prefill's sampled token should finish the request"
+    assert manager.get_num_free_blocks() == manager.num_blocks, "its blocks should be freed"
+
+
+# --------------------------------------------------------------------------------------- 2.4
+def three_running(num_blocks: int = 32):
+    """Scheduler with requests 0, 1, 2 running (admitted in that order) and request 3 waiting."""
+    scheduler, manager = make(num_blocks=num_blocks, block_size=4)
+    running = [decoding(scheduler, manager, i, prompt_len=6 + i, outputs=[1, 2]) for i in range(3)]
+    waiting = Request(id=3, prompt_tokens=prompt(4), max_new_tokens=2)
+    queue(scheduler, waiting)
+    return scheduler, manager, running, waiting
+
+
+@pytest.mark.ex2_4
+def test_preemption_picks_the_most_recently_admitted_and_frees_it():
+    scheduler, manager, running, _ = three_running()
+    free_before = manager.get_num_free_blocks()
+    held = len(manager.get_block_ids(running[2]))
+    victim = scheduler._preempt_most_recent()
+    assert victim is running[2], "the victim should be the most recently admitted running request"
+    assert victim.id not in scheduler.active_pool, "the victim should leave the running set"
+    assert manager.get_block_ids(victim) == [] and manager.get_num_free_blocks() == free_before + held, \
+        "the victim's blocks should all be freed"
+    assert victim.num_computed_tokens == 0, "a preempted request keeps nothing in the cache"
+    assert victim.status is RequestStatus.PREEMPTED, "the victim's status should say it was preempted"
+    assert victim.output_tokens == [1, 2], "generated tokens must be kept (they are recomputed, not lost)"
+
+
+@pytest.mark.ex2_4
+def test_preempted_requests_go_to_the_head_of_the_queue_and_are_counted():
+    scheduler, _, running, waiting = three_running()
+    scheduler._preempt_most_recent()
+    scheduler._preempt_most_recent()
+    assert [r.id for r in scheduler.waiting_queue] == [running[1].id, running[2].id, waiting.id], \
+        "preempted requests should wait at the head of the queue, ahead of new ones"
+    assert running[2].num_preemptions == 1 and running[1].num_preemptions == 1, \
+        "each preempted request should count its preemption"
+    assert scheduler.num_preemptions == 2, "the scheduler should count every preemption"
+
+
+@pytest.mark.ex2_4
+def test_a_decode_without_memory_preempts_the_newest_request():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    older = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])   # 8 cached: 2 full blocks
+    newer = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])   # 8 cached: 2 full blocks
+    batch = scheduler.schedule_next_batch()
+    assert [s.request_id for s in batch] == [older.id], "the older request should decode after preempting the newer"
+    assert newer.status is RequestStatus.PREEMPTED and scheduler.waiting_queue[0] is newer, \
+        "the newer request should be preempted and wait at the head of the queue"
+    assert len(manager.get_block_ids(older)) == 3, "the older request should get the block it needed"
+
+
+@pytest.mark.ex2_4
+def test_the_newest_request_steps_back_itself():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    hold_blocks(manager, 8)
+    request = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
+    batch = scheduler.schedule_next_batch()
+    assert batch == [], "nothing can run while someone else holds the memory"
+    assert request.status is RequestStatus.PREEMPTED and list(scheduler.waiting_queue) == [request], \
+        "the request should preempt itself rather than run without memory"
+    assert manager.get_num_free_blocks() == 2, "its blocks should be freed"
+
+
+@pytest.mark.ex2_4
+def test_preemption_loses_nothing():
+    scheduler, manager = make(num_blocks=12, block_size=4, token_budget=16, max_batch_size=4)
+    requests = toy_requests([14, 9, 17, 6], max_new_tokens=[20, 25, 12, 30], seed=4)
+    run_all(scheduler, requests)
+    assert scheduler.num_preemptions > 0, "this workload should need preemption (memory is tight)"
+    for request in requests:
+        assert request.status is RequestStatus.FINISHED, "every request should finish despite preemptions"
+        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), \
+            "a preempted request's outputs differ from an unconstrained run"
+    assert sum(r.num_preemptions for r in requests) == scheduler.num_preemptions, "preemption counts disagree"
+    assert manager.get_num_free_blocks() == 12, "all blocks should be free at the end"
+
+
+# --------------------------------------------------------------------------------------- 2.5
+@pytest.mark.ex2_5
+def test_a_request_that_can_never_fit_is_rejected_with_a_reason():
+    scheduler, _ = make(num_blocks=4, block_size=4)  # 16 tokens in all
+    request = Request(id=0, prompt_tokens=prompt(10), max_new_tokens=7)
+    scheduler.add_request(request)
+    assert request.status is RequestStatus.REJECTED, "a request longer than the whole cache should be REJECTED"
+    assert isinstance(request.reason, str) and request.reason.strip(), "a rejected request should say why"
+    assert scheduler.rejected == [request], "the rejected request should be listed in scheduler.rejected"
+    assert request not in scheduler.waiting_queue, "a rejected request should not wait"
+    assert not scheduler.has_unfinished_requests(), "a rejected request is settled, not unfinished"
+
+
+@pytest.mark.ex2_5
+def test_a_request_that_fits_exactly_is_accepted():
+    scheduler, _ = make(num_blocks=4, block_size=4)
+    request = Request(id=0, prompt_tokens=prompt(10), max_new_tokens=6)
+    scheduler.add_request(request)
+    assert request.status is RequestStatus.WAITING, "a request that fits the whole cache should wait, not be rejected"
+    assert list(scheduler.waiting_queue) == [request] and not scheduler.rejected, "it should be in the waiting queue"
+
+
+@pytest.mark.ex2_5
+def test_a_prompt_longer_than_the_cache_is_rejected():
+    scheduler, _ = make(num_blocks=2, block_size=8)
+    request = Request(id=0, prompt_tokens=prompt(17), max_new_tokens=1)
+    scheduler.add_request(request)
+    assert request.status is RequestStatus.REJECTED, "a prompt bigger than the cache should be REJECTED"
+
+
+@pytest.mark.ex2_5
+def test_a_rejected_request_does_not_stop_the_others():
+    scheduler, manager = make(num_blocks=6, block_size=4)
+    ok_a, too_big, ok_b = toy_requests([8, 30, 5], max_new_tokens=[4, 4, 6], seed=5)
+    for request in (ok_a, too_big, ok_b):
+        scheduler.add_request(request)
+    run(scheduler, max_iterations=500)
+    assert too_big.status is RequestStatus.REJECTED, "the request that can never fit should be REJECTED"
+    for request in (ok_a, ok_b):
+        assert request.status is RequestStatus.FINISHED, "requests that fit should still finish"
+        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), \
+            "a request's outputs are wrong"
+    assert manager.get_num_free_blocks() == 6, "all blocks should be free at the end"
