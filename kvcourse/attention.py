@@ -1,0 +1,242 @@
+"""Paged attention: write K/V into fixed-size blocks, and read them back through a block table.
+
+Shapes used throughout (the names of vLLM and nano-vllm):
+
+    key_cache, value_cache  [num_blocks, block_size, H, D]   one layer's paged KV storage
+    slot_mapping            [T]        where token t's K/V go: block_id * block_size + offset
+    block_tables            [B, max_blocks] int32   row b lists sequence b's blocks in order
+    seq_lens                [B]        tokens of sequence b in the cache, including this step's
+    query (decode)          [B, H, D]  one new token per sequence
+    query (mixed)           [T, H, D]  every scheduled token, sequences one after another
+    query_start_loc         [B + 1]    sequence b's queries are query[query_start_loc[b]:query_start_loc[b+1]]
+
+A block table may list more blocks than a sequence uses (rows are padded to the longest one);
+only the first ceil(seq_len / block_size) entries of a row are ever read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # Triton ships with torch on Linux; the reference functions work without it
+    import triton
+    import triton.language as tl
+
+    jit = triton.jit
+except ImportError:  # pragma: no cover - exercised only where Triton is missing
+    triton = tl = None
+
+    def jit(fn):
+        """Without Triton the kernel stays a plain function that nothing launches."""
+        return fn
+
+
+def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """Fail early, in words, on caches of the wrong shape (a silent broadcast is worse)."""
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            "key_cache and value_cache must both be [num_blocks, block_size, H, D]; got "
+            f"{tuple(key_cache.shape)} and {tuple(value_cache.shape)}."
+        )
+
+
+def _check_decode_args(query, key_cache, value_cache, block_tables, seq_lens) -> None:
+    """Check the decode-attention arguments against each other and say what does not match."""
+    _check_cache(key_cache, value_cache)
+    if query.dim() != 3 or query.shape[1:] != key_cache.shape[2:]:
+        raise ValueError(
+            f"query must be [B, H, D] with the cache's H and D {tuple(key_cache.shape[2:])}; got {tuple(query.shape)}."
+        )
+    batch = query.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or seq_lens.shape != (batch,):
+        raise ValueError(
+            f"block_tables must be [B, max_blocks] and seq_lens [B] with B = {batch}; got "
+            f"{tuple(block_tables.shape)} and {tuple(seq_lens.shape)}."
+        )
+    capacity = block_tables.shape[1] * key_cache.shape[1]
+    if batch and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > capacity):
+        raise ValueError(
+            f"every seq_len must be between 1 and max_blocks * block_size = {capacity}; got {seq_lens.tolist()}."
+        )
+
+
+def write_to_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store each new token's key and value at its slot, so later steps read them instead of recomputing."""
+    _check_cache(key_cache, value_cache)
+    if key.shape != value.shape or key.dim() != 3 or slot_mapping.shape != key.shape[:1]:
+        raise ValueError(
+            f"key and value must be [T, H, D] and slot_mapping [T]; got {tuple(key.shape)}, "
+            f"{tuple(value.shape)} and {tuple(slot_mapping.shape)}."
+        )
+    # Exercise 5.1: token t goes to slot slot_mapping[t] = block_id * block_size + offset.
+    # View each cache as one long row of slots, [num_blocks * block_size, H, D], and write the
+    # keys and values there in place (the caches must change, not a copy of them).
+    # TODO: Exercise 5.1: write your code here, then delete the raise below.
+    raise NotImplementedError("Exercise 5.1 (Write K/V into the paged cache): not written yet: edit kvcourse/attention.py, write_to_cache.")
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Read one sequence's tokens back in order, [seq_len, H, D]: the inverse of write_to_cache."""
+    # Exercise 5.2 (part 1): take the first ceil(seq_len / block_size) block ids of the row,
+    # index the cache with them ([n, block_size, H, D]), flatten the blocks into one run of
+    # tokens and keep the first seq_len.
+    # TODO: Exercise 5.2: write your code here, then delete the raise below.
+    raise NotImplementedError("Exercise 5.2 (Reference paged decode attention): not written yet: edit kvcourse/attention.py, gather_kv.")
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention for one new token per sequence over its paged past: the reference the kernel must match."""
+    _check_decode_args(query, key_cache, value_cache, block_tables, seq_lens)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.empty_like(query)
+    # Exercise 5.2 (part 2): for each sequence b, gather its keys and values with gather_kv,
+    # score the query against every key (per head), softmax over the keys, and weight the values.
+    # Compute in float32 and store in out[b] (out has the query's dtype).
+    # TODO: Exercise 5.2: write your code here, then delete the raise below.
+    raise NotImplementedError("Exercise 5.2 (Reference paged decode attention): not written yet: edit kvcourse/attention.py, paged_decode_attention.")
+    return out
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention for a batch mixing prefill chunks and decodes: each chunk sees its cached prefix and itself, causally.
+
+    query [T, H, D] holds every scheduled token, sequence after sequence; sequence b's queries are
+    query[query_start_loc[b]:query_start_loc[b + 1]] and are its LAST tokens: with L of them and
+    seq_lens[b] = S (their K/V already written), query i sits at position S - L + i. A decode is a
+    chunk of one. Returns [T, H, D].
+    """
+    _check_cache(key_cache, value_cache)
+    batch = block_tables.shape[0]
+    if query.dim() != 3 or query_start_loc.shape != (batch + 1,) or seq_lens.shape != (batch,):
+        raise ValueError(
+            f"query must be [T, H, D], query_start_loc [B + 1] and seq_lens [B] with B = {batch}; got "
+            f"{tuple(query.shape)}, {tuple(query_start_loc.shape)} and {tuple(seq_lens.shape)}."
+        )
+    if int(query_start_loc[-1]) != query.shape[0]:
+        raise ValueError(f"query_start_loc must end at T = {query.shape[0]}; got {query_start_loc.tolist()}.")
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.empty_like(query)
+    for b in range(batch):
+        start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        if end - start > int(seq_lens[b]):
+            raise ValueError(f"sequence {b} has {end - start} queries but only {int(seq_lens[b])} tokens in the cache.")
+        out[start:end] = _chunk_attention(query[start:end], key_cache, value_cache, block_tables[b], int(seq_lens[b]), scale)
+    return out
+
+
+def _chunk_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's chunk of L queries (its last L tokens) over its seq_len cached tokens, causally."""
+    # Exercise 5.3: gather the sequence's keys and values (gather_kv). Query i is at position
+    # seq_len - L + i and may see keys at positions 0 .. that position (itself included): mask the
+    # later ones with -inf before the softmax. Compute in float32; return [L, H, D] in query's dtype.
+    # TODO: Exercise 5.3: write your code here, then delete the raise below.
+    raise NotImplementedError("Exercise 5.3 (Mixed prefill and decode attention): not written yet: edit kvcourse/attention.py, _chunk_attention.")
+
+
+@jit
+def _paged_decode_kernel(
+    out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    scale,
+    stride_qb, stride_qh,          # query and out are [B, H, D], contiguous in D
+    stride_cb, stride_cs, stride_ch,  # caches [num_blocks, block_size, H, D], contiguous in D
+    stride_bt,                     # block_tables row stride
+    BLOCK_SIZE: tl.constexpr,      # tokens per cache block
+    HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr,         # BLOCK_SIZE rounded up to a power of two
+    BLOCK_D: tl.constexpr,         # HEAD_DIM rounded up to a power of two
+):
+    """One program = one (sequence, head): walk its block table with an online softmax."""
+    # Exercise 5.4: seq = tl.program_id(0), head = tl.program_id(1). Load the query row
+    # [BLOCK_D] (mask d < HEAD_DIM) as float32. Keep a running max m, a running sum l and
+    # an accumulator acc [BLOCK_D]. For each of the sequence's ceil(seq_len / BLOCK_SIZE)
+    # blocks: read its block id from the table, load the block's keys [BLOCK_T, BLOCK_D]
+    # (mask tokens past BLOCK_SIZE or past seq_len), score them (sum of q * k, times scale;
+    # -inf where masked), then rescale: m_new = max(m, max(scores)), alpha = exp(m - m_new),
+    # p = exp(scores - m_new), l = l * alpha + sum(p), acc = acc * alpha + sum(p * v).
+    # Finally store acc / l at out[seq, head] in out's dtype.
+    # TODO: Exercise 5.4: write your code here, then delete the raise below.
+    raise NotImplementedError("Exercise 5.4 (Triton paged decode kernel): not written yet: edit kvcourse/attention.py, _paged_decode_kernel.")
+
+
+def triton_paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Same as paged_decode_attention, in one Triton launch: a GPU kernel, or Triton's interpreter on CPU tensors."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed: use paged_decode_attention (the PyTorch reference) instead.")
+    _check_decode_args(query, key_cache, value_cache, block_tables, seq_lens)
+    query, key_cache, value_cache = (x.contiguous() for x in (query, key_cache, value_cache))
+    block_tables, seq_lens = block_tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous()
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.empty_like(query)
+    batch, heads, head_dim = query.shape
+    grid = (batch, heads)
+    try:
+        _kernel_for(query.device)[grid](
+            out, query, key_cache, value_cache, block_tables, seq_lens, float(scale),
+            query.stride(0), query.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            block_tables.stride(0),
+            BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
+            BLOCK_T=triton.next_power_of_2(key_cache.shape[1]), BLOCK_D=triton.next_power_of_2(head_dim),
+        )
+    except Exception as error:
+        _reraise_stub(error)
+        raise
+    return out
+
+
+def _kernel_for(device: torch.device):
+    """The kernel, after checking that Triton can run it on this device."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if device.type == "cpu" and not isinstance(_paged_decode_kernel, InterpretedFunction):
+        raise RuntimeError(
+            "Triton runs CPU tensors only in its interpreter, which it picks when it is first imported: "
+            "set TRITON_INTERPRET=1 before anything imports triton (in the shell, or in the first cell "
+            "before importing torch models), or pass CUDA tensors."
+        )
+    return _paged_decode_kernel
+
+
+def _reraise_stub(error: BaseException | None) -> None:
+    """Surface an unwritten exercise's NotImplementedError that Triton's interpreter wrapped in its own error."""
+    while error is not None:
+        if isinstance(error, NotImplementedError) and str(error).startswith("Exercise "):
+            raise NotImplementedError(str(error)) from None
+        error = error.__cause__
