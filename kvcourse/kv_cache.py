@@ -18,7 +18,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager, blocks_needed
+from kvcourse.kv_cache_interface import (
+    KVCacheBlocks,
+    MockKVCacheManager,
+    blocks_needed,
+    check_cache_shape,
+    check_token_count,
+)
 from kvcourse.request import Request
 
 BlockHash = bytes  # a SHA-256 digest: the same tokens give the same hash in every process
@@ -233,20 +239,11 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-def _check_count(name: str, value: int) -> None:
-    """A negative token count is a bug in the caller's arithmetic: say so before anything changes."""
-    if value < 0:
-        raise ValueError(f"{name} is {value}; a token count must be 0 or more.")
-
-
 class KVCacheManager:
     """Block tables for the scheduler: exact, all-or-nothing allocation over a shared block pool."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
-        if num_blocks <= 0:
-            raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
-        if block_size <= 0:
-            raise ValueError(f"block_size is {block_size}; a block holds at least one token.")
+        check_cache_shape(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -278,7 +275,7 @@ class KVCacheManager:
 
     def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
         """Whether `allocate_slots(request, num_new_tokens)` would succeed now (changes nothing)."""
-        _check_count("num_new_tokens", num_new_tokens)
+        check_token_count("num_new_tokens", num_new_tokens)
         num_tokens = request.num_computed_tokens + num_new_tokens
         to_copy = self._shared_blocks_to_write(request, request.num_computed_tokens, num_tokens)
         return self._num_new_blocks(request, num_tokens, 0, len(to_copy)) is not None
@@ -332,8 +329,8 @@ class KVCacheManager:
         new_computed_blocks: KVCacheBlocks | None,
     ) -> list[KVCacheBlock]:
         """Reject impossible arguments before anything changes; return the prefix hits as a list."""
-        _check_count("num_new_tokens", num_new_tokens)
-        _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        check_token_count("num_new_tokens", num_new_tokens)
+        check_token_count("num_new_computed_tokens", num_new_computed_tokens)
         hits = list(new_computed_blocks.blocks) if new_computed_blocks is not None else []
         if not hits:
             return hits

@@ -104,10 +104,18 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def _check_count(name: str, value: int) -> None:
+def check_token_count(name: str, value: int) -> None:
     """Token counts come from the scheduler's arithmetic; a negative one is a bug to report early."""
     if value < 0:
         raise ValueError(f"{name} is {value}; a token count must be 0 or more.")
+
+
+def check_cache_shape(num_blocks: int, block_size: int) -> None:
+    """A cache needs at least one block of at least one token; say which number is wrong."""
+    if num_blocks <= 0:
+        raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
+    if block_size <= 0:
+        raise ValueError(f"block_size is {block_size}; a block holds at least one token.")
 
 
 class MockKVCacheManager:
@@ -115,10 +123,7 @@ class MockKVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, verbose: bool = False) -> None:
         """An empty cache of num_blocks blocks; verbose prints each allocation and free."""
-        if num_blocks <= 0:
-            raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
-        if block_size <= 0:
-            raise ValueError(f"block_size is {block_size}; a block holds at least one token.")
+        check_cache_shape(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.verbose = verbose
@@ -145,8 +150,8 @@ class MockKVCacheManager:
 
     def num_blocks_to_allocate(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0) -> int:
         """Exact count: ceil(tokens after this step / block_size) minus the blocks already held."""
-        _check_count("num_new_tokens", num_new_tokens)
-        _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        check_token_count("num_new_tokens", num_new_tokens)
+        check_token_count("num_new_computed_tokens", num_new_computed_tokens)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         held = len(self.req_to_blocks.get(request.id, []))
         return max(0, blocks_needed(total, self.block_size) - held)
