@@ -1,0 +1,310 @@
+"""Throughput study: one mixed workload through Hugging Face and through our engine, side by side.
+
+The workload is seeded: prompts of random token ids and output lengths both drawn from long-tailed
+(log-normal) distributions, every request asking for its own number of new tokens, EOS ignored.
+Each system gets the same model, device, batch size and token capacity:
+
+- `hf_static`: `model.generate` on static batches of `max_batch_size` requests in arrival order,
+  left-padded to the longest prompt; a batch runs until its longest request is done;
+- `hf_continuous`: transformers' own continuous batching (the `generate_batch` manager, fed one
+  `add_request` per request so each keeps its own length), same page size and number of pages;
+- `kvcourse`: our `LLMEngine` (StallFreeScheduler + paged KVCacheManager + reference attention);
+- `kvcourse_triton`: the same with the Triton kernel (CUDA only).
+
+Tokens per second counts only the tokens each request asked for, over wall time. Each system is
+warmed up on a small slice of the workload, then timed on the whole of it, round after round
+interleaved, keeping each system's best round. The block-size sweep reruns `kvcourse` at other
+block sizes with the same token capacity.
+
+    KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench throughput --quick --json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from kvcourse.bench.common import device_name, emit, parse_args, progress
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts (token ids) and how many new tokens each one asks for."""
+
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def useful_tokens(self) -> int:
+        """The tokens the requests asked for: what every system is credited with."""
+        return sum(self.output_lens)
+
+    def head(self, n: int) -> Workload:
+        """The first n requests, with short outputs: a warm-up that touches every code path."""
+        return Workload(self.prompts[:n], [min(4, o) for o in self.output_lens[:n]])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes shared by every system, so the comparison is like for like."""
+
+    model: str
+    num_requests: int
+    prompt_median: int
+    output_median: int
+    max_len: int
+    max_batch_size: int
+    token_budget: int
+    block_size: int
+    rounds: int
+    sweep: tuple[int, ...]
+
+
+def settings(quick: bool, cuda: bool) -> Settings:
+    """CPU quick: the tiny GPT-2 (seconds, not minutes); CPU full: GPT-2 small; GPU: more, longer requests."""
+    if cuda:
+        return (Settings("gpt2", 64, 64, 96, 512, 32, 2048, 16, 2, (8, 16, 32))
+                if quick else Settings("gpt2", 256, 128, 192, 1024, 64, 4096, 16, 3, (8, 16, 32, 64)))
+    return (Settings("tiny", 24, 16, 16, 128, 8, 256, 16, 2, (8, 32))
+            if quick else Settings("gpt2", 32, 32, 24, 128, 8, 512, 16, 2, (8, 16, 32, 64)))
+
+
+def make_workload(s: Settings, seed: int = 0, vocab: int = 50257) -> Workload:
+    """Seeded long-tailed prompt and output lengths (log-normal, clipped to the context we allow)."""
+    rng = random.Random(seed)
+    prompts, outputs = [], []
+    for _ in range(s.num_requests):
+        prompt = min(max(2, round(rng.lognormvariate(math.log(s.prompt_median), 0.8))), s.max_len // 2)
+        output = min(max(1, round(rng.lognormvariate(math.log(s.output_median), 0.8))), s.max_len - prompt)
+        prompts.append([rng.randrange(vocab) for _ in range(prompt)])
+        outputs.append(output)
+    return Workload(prompts, outputs)
+
+
+def num_blocks_for(s: Settings, block_size: int) -> int:
+    """Blocks enough for a full batch of the longest requests: memory is not what limits here."""
+    return s.max_batch_size * -(-s.max_len // block_size) + 1
+
+
+def hf_static(model, work: Workload, s: Settings) -> list[list[int]]:
+    """Static batching: fixed groups, left-padded, each group runs as long as its longest request."""
+    import torch
+
+    outputs = []
+    for start in range(0, len(work.prompts), s.max_batch_size):
+        prompts = work.prompts[start:start + s.max_batch_size]
+        lens = work.output_lens[start:start + s.max_batch_size]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max(lens),
+                                 eos_token_id=None, pad_token_id=0)
+        outputs += [row[width:width + n].tolist() for row, n in zip(out, lens)]
+    return outputs
+
+
+def hf_continuous(model, work: Workload, s: Settings) -> list[list[int]]:
+    """transformers' continuous batching, each request with its own max_new_tokens."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=max(work.output_lens), eos_token_id=None, pad_token_id=0)
+    cb = ContinuousBatchingConfig(page_size=s.block_size, num_blocks=num_blocks_for(s, s.block_size),
+                                  max_batch_tokens=s.token_budget, max_requests_per_batch=s.max_batch_size)
+    results = {}
+    with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb,
+                                                   block=True, timeout=30, warmup=False) as manager:
+        ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(work.prompts, work.output_lens)]
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                results[result.request_id] = result
+            elif result is None and not manager.is_running():
+                raise RuntimeError("transformers' continuous batching thread stopped before finishing the workload")
+    return [list(results[i].generated_tokens) for i in ids]
+
+
+def kvcourse_engine(attention: str, block_size: int | None = None) -> Callable:
+    """Our LLMEngine on the workload; a fresh engine per run, so every run starts from an empty cache."""
+
+    def run_engine(model, work: Workload, s: Settings) -> list[list[int]]:
+        from kvcourse.engine import LLMEngine
+
+        size = block_size or s.block_size
+        engine = LLMEngine(model, num_blocks=num_blocks_for(s, size), block_size=size, token_budget=s.token_budget,
+                           max_batch_size=s.max_batch_size, attention=attention)
+        # generate() takes one max_new_tokens for all: queue each request with its own, then step.
+        requests = [engine.add_request(list(p), n) for p, n in zip(work.prompts, work.output_lens)]
+        while engine.scheduler.has_unfinished_requests():
+            engine.step()
+        return [list(r.output_tokens) for r in requests]
+
+    return run_engine
+
+
+def systems(cuda: bool) -> dict[str, Callable]:
+    """Every system to time, by the name used in the JSON."""
+    table = {"hf_static": hf_static, "hf_continuous": hf_continuous, "kvcourse": kvcourse_engine("reference")}
+    if cuda:
+        table["kvcourse_triton"] = kvcourse_engine("triton")
+    return table
+
+
+def timed(fn: Callable, model, work: Workload, s: Settings, cuda: bool) -> tuple[float, list[list[int]]]:
+    """Wall seconds of one full run (GPU synchronised), and what it produced."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn(model, work, s)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def measure(fns: dict[str, Callable], model, work: Workload, s: Settings, cuda: bool) -> tuple[dict, dict]:
+    """Warm every system up, then time them round-robin; best round per system, and the outputs."""
+    for fn in progress(fns.values(), "warm-up"):
+        fn(model, work.head(2), s)
+    best, outputs = {}, {}
+    for _ in progress(range(s.rounds), "rounds"):
+        for name, fn in fns.items():
+            seconds, outputs[name] = timed(fn, model, work, s, cuda)
+            best[name] = min(best.get(name, math.inf), seconds)
+    return best, outputs
+
+
+def agreement(outputs: dict[str, list[list[int]]], reference: str = "hf_continuous") -> dict[str, float]:
+    """Share of requests whose tokens equal the reference's (greedy decoding: they should agree)."""
+    ref = outputs[reference]
+    return {name: sum(a == b for a, b in zip(out, ref)) / len(ref)
+            for name, out in outputs.items() if name != reference}
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int | None, quick: bool, cuda: bool) -> Iterator[None]:
+    """--quick on a CPU uses one thread (on a shared machine a second one mostly waits for a core); restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads or (quick and not cuda):
+        torch.set_num_threads(threads or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run(quick: bool = True, *, threads: int | None = None, sweep: bool = True, seed: int = 0,
+        overrides: dict | None = None) -> dict:
+    """Time every system on one workload; ratios to hf_static; kvcourse against block size."""
+    os.environ.setdefault("KVCOURSE_SOLUTIONS", "1")
+    import torch
+
+    from kvcourse.models import load_gpt2
+
+    cuda = torch.cuda.is_available()
+    s = settings(quick, cuda)
+    if overrides:
+        s = Settings(**{**s.__dict__, **overrides})
+    with pinned_threads(threads, quick, cuda):
+        model = load_gpt2(s.model, seed=seed, verbose=False).to("cuda" if cuda else "cpu")
+        work = make_workload(s, seed, model.config.vocab_size)
+        fns = systems(cuda)
+        if sweep:
+            fns.update({f"kvcourse_block_{b}": kvcourse_engine("reference", b) for b in s.sweep if b != s.block_size})
+        seconds, outputs = measure(fns, model, work, s, cuda)
+        device = device_name()
+    return summarize(s, work, seconds, outputs, cuda, sweep, seed) | {
+        "device": device, "pretrained": bool(getattr(model, "is_pretrained", False))}
+
+
+def summarize(s: Settings, work: Workload, seconds: dict, outputs: dict, cuda: bool, sweep: bool, seed: int) -> dict:
+    """The JSON object: tokens per second, ratios to hf_static, the block-size sweep, sanity counts."""
+    tps = {name: work.useful_tokens / sec for name, sec in seconds.items()}
+    main_names = list(systems(cuda))
+    sizes = sorted({*s.sweep, s.block_size}) if sweep else []
+    sweep_tps = {str(b): tps["kvcourse" if b == s.block_size else f"kvcourse_block_{b}"] for b in sizes}
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "study": "throughput", "model": s.model,
+        "settings": s.__dict__ | {"sweep": list(s.sweep)},
+        "workload": {"requests": len(work.prompts), "prompt_tokens": sum(map(len, work.prompts)),
+                     "useful_output_tokens": work.useful_tokens, "longest_prompt": max(map(len, work.prompts)),
+                     "longest_output": max(work.output_lens), "seed": seed},
+        "seconds": {n: seconds[n] for n in main_names},
+        "tokens_per_s": {n: tps[n] for n in main_names},
+        "ratio_to_hf_static": {n: tps[n] / tps["hf_static"] for n in main_names},
+        "block_size_sweep": {"tokens_per_s": sweep_tps},
+        "tokens_generated": {n: sum(map(len, out)) for n, out in outputs.items()},
+        "agreement_with_hf_continuous": agreement(outputs),
+    }
+
+
+def ordered(names) -> list[str]:
+    """Systems in the story's order (JSON files come back with their keys sorted)."""
+    order = ["hf_static", "hf_continuous", "kvcourse", "kvcourse_triton"]
+    return [n for n in order if n in names] + sorted(n for n in names if n not in order)
+
+
+def print_table(result: dict) -> None:
+    """Tokens per second per system and the ratio to static batching; then the block-size sweep."""
+    w, st = result["workload"], result["settings"]
+    print(f"throughput study on {result['device']}: {result['model']} "
+          f"({'pretrained' if result['pretrained'] else 'seeded random weights'}), {w['requests']} requests, "
+          f"{w['prompt_tokens']} prompt + {w['useful_output_tokens']} output tokens, batch {st['max_batch_size']}")
+    print(f"{'system':<16} {'tokens/s':>9} {'x hf_static':>11}")
+    for name in ordered(result["tokens_per_s"]):
+        print(f"{name:<16} {result['tokens_per_s'][name]:>9.1f} {result['ratio_to_hf_static'][name]:>11.2f}")
+    sweep = result["block_size_sweep"]["tokens_per_s"]
+    if sweep:
+        sweep = ", ".join(f"{b}: {sweep[str(b)]:.1f}" for b in sorted(map(int, sweep)))
+        print(f"kvcourse tokens/s by block size: {sweep}")
+    if "kvcourse_triton" not in result["tokens_per_s"]:
+        print("kvcourse_triton: skipped, the Triton kernel needs CUDA.")
+
+
+def plot(result: dict, ax=None):
+    """Tokens per second per system, each bar labelled with its ratio to static batching."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    names = ordered(result["tokens_per_s"])
+    colors = ["#b0b0b0", "#8fb8de", "#4c956c", "#2d6a4f", "#74a57f"]
+    bars = ax.bar(names, [result["tokens_per_s"][n] for n in names], color=colors[:len(names)])
+    ax.bar_label(bars, labels=[f"{result['ratio_to_hf_static'][n]:.2f}x" for n in names])
+    title = f"throughput: {result['model']} on {result['device']}\n{result['date'][:10]}"
+    ax.set(ylabel="output tokens / s", title=title)
+    ax.tick_params(axis="x", labelsize=8)
+    return ax
+
+
+def plot_sweep(result: dict, ax=None):
+    """kvcourse tokens per second against block size."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+    sweep = result["block_size_sweep"]["tokens_per_s"]
+    sizes = sorted(int(b) for b in sweep)
+    ax.plot(sizes, [sweep[str(b)] for b in sizes], "o-", color="#2d6a4f")
+    ax.set(xscale="log", xlabel="block size (tokens)", ylabel="kvcourse output tokens / s", ylim=(0, None),
+           title="throughput vs block size")
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.minorticks_off()
+    return ax
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvcourse.bench throughput [--quick] [--json]`."""
+    args = parse_args("throughput", "tokens per second: HF static batches, HF continuous batching, kvcourse", argv)
+    result = run(quick=args.quick)
+    print_table(result)
+    emit(result, args.json)
+    return 0
