@@ -28,16 +28,20 @@ def _grade(exercise_ids: list[str]) -> list[dict]:
 def check(exercise_id: str) -> None:
     """Run one exercise's tests and say: correct, incorrect (what failed, a hint) or not attempted."""
     exercise = get(exercise_id)
+    print(f"Running the tests of Exercise {exercise.id} ...", flush=True)
     result = _grade([exercise.id])[0]
     head = f"{ICONS[result['status']]} Exercise {exercise.id} ({exercise.title}):"
     if result["status"] == "correct":
-        print(f"{head} correct. {result['passed']}/{result['total']} tests pass.")
+        print(f"{head} correct. {result['passed']}/{result['total']} tests pass.{_reference_note()}")
     elif result["status"] == "not attempted":
         where = re.search(r"edit (\S+), (\S+)\.$", result["message"])
         place = f"{where[1]}, in {where[2]}" if where else exercise.path
         print(f"{head} not attempted yet.")
         print(f"   Open {place}: replace the `raise NotImplementedError` under the TODO with your code,")
         print("   save the file, then run this cell again.")
+        if result.get("needs"):
+            needed = get(result["needs"])
+            print(f"   Its tests also run Exercise {needed.id} ({needed.title}): do that one first.")
     elif result["status"] == "skipped":
         print(f"{head} skipped here: {result['message']}")
     else:
@@ -45,6 +49,13 @@ def check(exercise_id: str) -> None:
         print(f"   What failed: {result['message']}")
         if result["hint"]:
             print(f"   Hint: {result['hint']}")
+
+
+def _reference_note() -> str:
+    """Say so when the code graded is the reference, not the learner's (KVCOURSE_SOLUTIONS=1)."""
+    from kvcourse._solutions import solutions_enabled
+
+    return " (graded on the reference solutions: KVCOURSE_SOLUTIONS=1)" if solutions_enabled() else ""
 
 
 def hint(exercise_id: str) -> None:
@@ -73,7 +84,7 @@ class Progress:
 
     def __repr__(self) -> str:
         done = sum(r["status"] == "correct" for r in self.results)
-        rows = [f"{r['id']:<5} {r['passed']:>2}/{r['total']:<2} {r['status']:<13} {r['title']}" for r in self.results]
+        rows = [f"{r['id']:<5} {r['title']:<40} {r['passed']:>3}/{r['total']:<3} {r['status']}" for r in self.results]
         return "\n".join(rows + [f"{done} of {len(self.results)} exercises correct."])
 
     def _repr_html_(self) -> str:
@@ -84,7 +95,8 @@ class Progress:
         )
         done = sum(r["status"] == "correct" for r in self.results)
         return (
-            "<table><thead><tr><th>exercise</th><th>title</th><th>tests</th><th>status</th></tr></thead>"
+            f"<p>{_reference_note().strip(' ()')}</p>" * bool(_reference_note())
+            + "<table><thead><tr><th>exercise</th><th>title</th><th>tests</th><th>status</th></tr></thead>"
             f"<tbody>{cells}</tbody></table><p>{done} of {len(self.results)} exercises correct.</p>"
         )
 

@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ class ExerciseResult:
     status: str = NOT_ATTEMPTED
     message: str = ""
     hint: str = ""
+    needs: str | None = None  # an earlier exercise this one's tests run through, still a stub
     outcomes: list[TestOutcome] = field(default_factory=list)
 
 
@@ -128,6 +130,13 @@ class _Collector:
             self.bar.update(1)
 
 
+def _own_stub_message(exercise: Exercise) -> str | None:
+    """The message of the exercise's own `raise NotImplementedError`, if it is still in the learner's file."""
+    path = ROOT / exercise.path
+    found = re.search(rf'NotImplementedError\("(Exercise {re.escape(exercise.id)} \(.*?)"\)', path.read_text()) if path.exists() else None
+    return found[1] if found else None
+
+
 def _summarize(exercise: Exercise, outcomes: list[TestOutcome]) -> ExerciseResult:
     """Fold one exercise's test outcomes into a status, the first failure and a hint."""
     result = ExerciseResult(exercise.id, exercise.title, exercise.path, outcomes=outcomes)
@@ -151,6 +160,10 @@ def _summarize(exercise: Exercise, outcomes: list[TestOutcome]) -> ExerciseResul
             needed = EXERCISES.get(first.stub_of)
             title = f" ({needed.title})" if needed else ""
             result.message = f"this exercise builds on Exercise {first.stub_of}{title}; finish that one first."
+            own_stub = _own_stub_message(exercise)
+            if own_stub:
+                result.status, result.needs = NOT_ATTEMPTED, first.stub_of
+                result.message = own_stub
         else:
             result.message = first.message
             result.hint = exercise.hint
