@@ -150,20 +150,20 @@ def _summarize(exercise: Exercise, outcomes: list[TestOutcome]) -> ExerciseResul
         result.status, result.message = SKIPPED, outcomes[0].message
     elif not failures:
         result.status = CORRECT
-    elif all(o.stub_of == exercise.id for o in failures):
-        result.status, result.message = NOT_ATTEMPTED, failures[0].message
+    elif all(o.stub_of for o in failures) and (
+        all(o.stub_of == exercise.id for o in failures) or _own_stub_message(exercise)
+    ):
+        # Only stubs stopped the tests, and this exercise's own stub is still there: not started yet.
+        result.status = NOT_ATTEMPTED
+        result.message = _own_stub_message(exercise) or failures[0].message
+        result.needs = next((o.stub_of for o in failures if o.stub_of != exercise.id), None)
     else:
         result.status = INCORRECT
-        own = [o for o in failures if o.stub_of is None] or failures
-        first = own[0]
+        first = next((o for o in failures if o.stub_of is None), failures[0])
         if first.stub_of and first.stub_of != exercise.id:
             needed = EXERCISES.get(first.stub_of)
             title = f" ({needed.title})" if needed else ""
             result.message = f"this exercise builds on Exercise {first.stub_of}{title}; finish that one first."
-            own_stub = _own_stub_message(exercise)
-            if own_stub:
-                result.status, result.needs = NOT_ATTEMPTED, first.stub_of
-                result.message = own_stub
         else:
             result.message = first.message
             result.hint = exercise.hint
