@@ -5,26 +5,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-ROOT = Path(__file__).resolve().parent.parent
-PATH = ROOT / "notebooks" / "02_scheduler_cache_contract.ipynb"
-
-
-def md(text: str) -> nbformat.NotebookNode:
-    """A prose cell."""
-    return new_markdown_cell(text.strip())
-
-
-def code(text: str, hidden: bool = False) -> nbformat.NotebookNode:
-    """A code cell; `hidden` folds its source in JupyterLab (picture-drawing code, not the lesson)."""
-    cell = new_code_cell(text.strip())
-    if hidden:
-        cell.metadata["jupyter"] = {"source_hidden": True}
-    return cell
+from nbbuild import code, md, write_notebook
 
 
 INTRO = [
@@ -639,14 +620,5 @@ unchanged.
 CELLS = INTRO + ROLES + STRUCTURES + METHODS + MOCK + SCHEDULER + EX21 + EX22 + EX23 + LESSON_EXAMPLE + PREEMPTION + REJECTION + WRAP_UP
 
 
-def build() -> nbformat.NotebookNode:
-    """The notebook, with the kernel metadata JupyterLab and nbval expect."""
-    notebook = new_notebook(cells=CELLS)
-    notebook.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    notebook.metadata["language_info"] = {"name": "python"}
-    return notebook
-
-
 if __name__ == "__main__":
-    nbformat.write(build(), PATH)
-    print(f"wrote {PATH.relative_to(ROOT)} ({len(CELLS)} cells)")
+    write_notebook("02_scheduler_cache_contract.ipynb", CELLS)

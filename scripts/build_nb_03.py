@@ -5,27 +5,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-ROOT = Path(__file__).resolve().parent.parent
-PATH = ROOT / "notebooks" / "03_paged_allocator.ipynb"
-
-
-def md(text: str) -> nbformat.NotebookNode:
-    """A prose cell."""
-    return new_markdown_cell(text.strip())
-
-
-def code(text: str, hidden: bool = False) -> nbformat.NotebookNode:
-    """A code cell. `hidden` marks picture-drawing code; folding it (metadata jupyter.source_hidden)
-    is off until tests/test_browser.py counts the prompts of folded cells, so it only tags the cell."""
-    cell = new_code_cell(text.strip())
-    if hidden:
-        cell.metadata["tags"] = ["picture"]
-    return cell
+from nbbuild import code, md, write_notebook
 
 
 CELLS = [
@@ -142,7 +122,7 @@ ax.legend(handles=[Rectangle((0, 0), 1, 1, color="#4e79a7", label="token states"
           loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, frameon=False, fontsize=8)
 fig.tight_layout()
 plt.show()
-''', hidden=True),
+''', tags=["picture"]),
     code("""
 written = sum(WRITTEN[n] for n in "AC")
 reserved = 20 + 12
@@ -193,7 +173,7 @@ ax.set_ylim(-0.2, 2.2)
 ax.axis("off")
 fig.tight_layout()
 plt.show()
-''', hidden=True),
+''', tags=["picture"]),
     md("""
 ### Exercise 3.1: a doubly linked free-block queue
 
@@ -436,14 +416,5 @@ copying it.
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    """The notebook, with the kernel metadata JupyterLab and nbval expect."""
-    notebook = new_notebook(cells=CELLS)
-    notebook.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    notebook.metadata["language_info"] = {"name": "python"}
-    return notebook
-
-
 if __name__ == "__main__":
-    nbformat.write(build(), PATH)
-    print(f"wrote {PATH.relative_to(ROOT)} ({len(CELLS)} cells)")
+    write_notebook("03_paged_allocator.ipynb", CELLS)

@@ -5,27 +5,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-ROOT = Path(__file__).resolve().parent.parent
-PATH = ROOT / "notebooks" / "04_sharing_blocks.ipynb"
-
-
-def md(text: str) -> nbformat.NotebookNode:
-    """A prose cell."""
-    return new_markdown_cell(text.strip())
-
-
-def code(text: str, hidden: bool = False) -> nbformat.NotebookNode:
-    """A code cell. `hidden` marks picture-drawing code; folding it (metadata jupyter.source_hidden)
-    is off until tests/test_browser.py counts the prompts of folded cells, so it only tags the cell."""
-    cell = new_code_cell(text.strip())
-    if hidden:
-        cell.metadata["tags"] = ["picture"]
-    return cell
+from nbbuild import code, md, write_notebook
 
 
 CELLS = [
@@ -99,7 +79,7 @@ def draw_tables(ax, tables, num_blocks, title, note=""):
     ax.set_xlim(-2.2, num_blocks * 1.3)
     ax.set_ylim(-1.0, 1.9 + len(tables))
     ax.axis("off")
-''', hidden=True),
+''', tags=["picture"]),
     md("""
 ## 1. Reference counts: one block, many tables
 
@@ -122,7 +102,7 @@ draw_tables(ax, [("request A", [0, 1, 2]), ("request B", [0, 1, 3, 4])], 6,
             "A and B share the blocks of their common prefix",
             "blocks 0 and 1 hold the shared prefix once: ref 2; each request's own tokens live in its own blocks")
 plt.show()
-""", hidden=True),
+""", tags=["picture"]),
     md("""
 ## 2. Naming a prefix: the hash chain (exercise 4.1)
 
@@ -157,7 +137,7 @@ ax.set_xlim(-2, 10)
 ax.set_ylim(-0.7, 2.4)
 ax.axis("off")
 plt.show()
-""", hidden=True),
+""", tags=["picture"]),
     md("""
 ### Exercise 4.1: the hash chain
 
@@ -268,7 +248,7 @@ ax.set_xlim(-2.2, 11.5)
 ax.set_ylim(-0.7, 0.8)
 ax.axis("off")
 plt.show()
-""", hidden=True),
+""", tags=["picture"]),
     md("""
 ### Exercise 4.4: `BlockPool._maybe_evict_cached_block`
 
@@ -323,7 +303,7 @@ draw_tables(right, [("parent", [0, 1, 2]), ("child", [0, 1, 3])], 5, "the child 
             "block 2 copied to 3 (pair (2, 3) for the executor); the parent now writes 2 in place")
 fig.tight_layout()
 plt.show()
-""", hidden=True),
+""", tags=["picture"]),
     md("""
 ### Exercise 4.5: `KVCacheManager.fork` and `KVCacheManager._copy_on_write`
 
@@ -513,14 +493,5 @@ kernel reads keys and values through them.
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    """The notebook, with the kernel metadata JupyterLab and nbval expect."""
-    notebook = new_notebook(cells=CELLS)
-    notebook.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    notebook.metadata["language_info"] = {"name": "python"}
-    return notebook
-
-
 if __name__ == "__main__":
-    nbformat.write(build(), PATH)
-    print(f"wrote {PATH.relative_to(ROOT)} ({len(CELLS)} cells)")
+    write_notebook("04_sharing_blocks.ipynb", CELLS)

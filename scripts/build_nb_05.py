@@ -1,12 +1,9 @@
 """Build notebooks/05_paged_attention_gpt2.ipynb (then run scripts/execute_notebooks.py on it)."""
 
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbbuild import code, md, write_notebook
 
 cells = [
-    new_markdown_cell("""# 05 · Paged attention on GPT-2
+    md("""# 05 · Paged attention on GPT-2
 
 Notebooks 02 to 04 built the *control plane*: a scheduler that never runs a token it has no memory
 for, and a KV-cache manager that hands out fixed-size blocks and shares them. Each request ends up
@@ -23,9 +20,9 @@ This notebook builds the *data plane*, the part that touches tensors:
 and then runs **GPT-2** through your scheduler, your allocator and your attention, and checks that
 every token equals what Hugging Face's `model.generate(do_sample=False)` produces, also when memory
 is tight enough to force preemptions and when prefix caching shares blocks."""),
-    new_code_cell("""%load_ext autoreload
+    code("""%load_ext autoreload
 %autoreload 2"""),
-    new_code_cell("""import os
+    code("""import os
 
 import torch
 
@@ -45,7 +42,7 @@ from kvcourse.scheduler import ScheduledSequence
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the tensors here are small: one thread is faster, and results never depend on the core count
 print("CUDA available:", torch.cuda.is_available())"""),
-    new_markdown_cell("""## 1. The paged layout
+    md("""## 1. The paged layout
 
 For every layer, the engine allocates two tensors up front, once:
 
@@ -60,7 +57,7 @@ at offset `p % block_size`. Flattening the first two dimensions gives every toke
 The picture shows one layer's cache seen from above (each cell is one token's `[n_head, head_dim]`
 vectors) holding three requests. Their blocks are scattered, and that is fine: only the block
 table knows the order. A request wastes at most the unused tail of its last block."""),
-    new_code_cell("""block_size, num_blocks = 4, 12
+    code("""block_size, num_blocks = 4, 12
 tables = {"A": [3, 8], "B": [0, 5, 10], "C": [6]}   # block tables, from the KV-cache manager
 lengths = {"A": 7, "B": 10, "C": 3}                  # tokens each request has in the cache
 colors = {"A": "tab:blue", "B": "tab:orange", "C": "tab:green"}
@@ -90,7 +87,7 @@ p = 6
 slot = tables["B"][p // block_size] * block_size + p % block_size
 print(f"B's token at position {p}: logical block {p // block_size} -> physical block "
       f"{tables['B'][p // block_size]}, offset {p % block_size}, slot {slot}")"""),
-    new_markdown_cell("""## 2. Writing into the cache (exercise 5.1)
+    md("""## 2. Writing into the cache (exercise 5.1)
 
 In every layer, at every step, the model computes keys and values for the tokens it is fed. Before
 attention runs, they are stored at their slots; the model runner (section 6) computes a
@@ -102,7 +99,7 @@ it is one indexed assignment into the cache viewed as `[num_blocks * block_size,
 
 Below, request B's ten tokens are written with the key of position *p* set to *p + 1*, so the
 printed cache shows where each one landed (0 = empty)."""),
-    new_code_cell("""key_cache = torch.zeros(num_blocks, block_size, 1, 1)
+    code("""key_cache = torch.zeros(num_blocks, block_size, 1, 1)
 value_cache = torch.zeros_like(key_cache)
 positions = torch.arange(lengths["B"])
 slot_mapping = torch.tensor([tables["B"][p // block_size] * block_size + p % block_size for p in positions])
@@ -112,8 +109,8 @@ attention.write_to_cache(keys, -keys, key_cache, value_cache, slot_mapping)
 print("slot_mapping:", slot_mapping.tolist())
 print("key_cache[:, :, 0, 0] (rows: blocks, columns: offsets):")
 print(key_cache[:, :, 0, 0].int())"""),
-    new_code_cell("""check("5.1")"""),
-    new_markdown_cell("""## 3. Paged decode attention (exercise 5.2)
+    code("""check("5.1")"""),
+    md("""## 3. Paged decode attention (exercise 5.2)
 
 In a decode step every running request feeds one token, so the query is `[B, H, D]`: one row per
 sequence. Sequence *b* attends over its `seq_lens[b]` cached tokens (the new one included: its K/V
@@ -128,7 +125,7 @@ Gathering copies every key and value once more; a real kernel (section 5) reads 
 **Exercise 5.2.** Write `gather_kv` and the loop in `paged_decode_attention` in
 `kvcourse/attention.py`. The cell below checks it against PyTorch's own attention
 (`scaled_dot_product_attention`) on the same keys and values stored contiguously."""),
-    new_code_cell("""H, D = 2, 8
+    code("""H, D = 2, 8
 key_cache = torch.randn(num_blocks, block_size, H, D)
 value_cache = torch.randn(num_blocks, block_size, H, D)
 names = list(tables)
@@ -144,8 +141,8 @@ for b, name in enumerate(names):   # the same attention on contiguous copies, wi
     v = attention.gather_kv(value_cache, block_tables[b], int(seq_lens[b])).transpose(0, 1)
     dense = torch.nn.functional.scaled_dot_product_attention(decode_query[b][:, None], k, v)[:, 0]
     print(f"request {name}: {int(seq_lens[b]):>2} tokens, paged == dense: {torch.allclose(paged[b], dense, atol=1e-5)}")"""),
-    new_code_cell("""check("5.2")"""),
-    new_markdown_cell("""## 4. Prefill chunks and decodes in one batch (exercise 5.3)
+    code("""check("5.2")"""),
+    md("""## 4. Prefill chunks and decodes in one batch (exercise 5.3)
 
 The scheduler mixes decodes with prefill chunks, and a chunk may continue a prompt whose first part
 is already cached (an earlier chunk, or a prefix-cache hit). The model runner packs all fed tokens
@@ -156,7 +153,7 @@ may see every key up to that position: the cached prefix in full, and the chunk 
 is a chunk of one; a fresh prompt is a chunk with no prefix.
 
 The picture shows which keys each query may see for a chunk of 4 tokens after a cached prefix of 6."""),
-    new_code_cell("""seq_len, chunk = 10, 4
+    code("""seq_len, chunk = 10, 4
 query_pos = torch.arange(seq_len - chunk, seq_len)[:, None]
 allowed = torch.arange(seq_len)[None, :] <= query_pos
 fig, ax = plt.subplots(figsize=(6, 2.4))
@@ -167,11 +164,11 @@ ax.set_yticks(range(chunk), [f"query {i} (pos {int(p)})" for i, p in enumerate(q
 ax.set_xlabel("key position (left of the dashed line: cached prefix)")
 ax.set_title("a chunk sees its prefix fully and itself causally")
 plt.show()"""),
-    new_markdown_cell("""**Exercise 5.3.** Write `_chunk_attention` in `kvcourse/attention.py` (the per-sequence step of
+    md("""**Exercise 5.3.** Write `_chunk_attention` in `kvcourse/attention.py` (the per-sequence step of
 `paged_attention`): gather the sequence's keys and values, mask the future with `-inf`, softmax,
 weight the values. The cell checks a batch holding a chunk that continues a cached prefix, a
 decode and a fresh prompt against dense causal attention."""),
-    new_code_cell("""def dense_causal(q, k, v, offset):
+    code("""def dense_causal(q, k, v, offset):
     \"\"\"softmax(q k^T / sqrt(D)) v with query i at position offset + i seeing keys 0..offset + i.\"\"\"
     scores = torch.einsum("lhd,shd->hls", q, k) / D ** 0.5
     future = torch.arange(k.shape[0])[None, :] > torch.arange(q.shape[0])[:, None] + offset
@@ -189,8 +186,8 @@ for b, name in enumerate(names):
     expected = dense_causal(query[start:end], k, v, int(seq_lens[b]) - (end - start))
     print(f"request {name}: {end - start} quer{'y' if end - start == 1 else 'ies'} over {int(seq_lens[b]):>2} tokens, "
           f"paged == dense: {torch.allclose(mixed[start:end], expected, atol=1e-5)}")"""),
-    new_code_cell("""check("5.3")"""),
-    new_markdown_cell("""## 5. A Triton kernel for decode attention (exercise 5.4)
+    code("""check("5.3")"""),
+    md("""## 5. A Triton kernel for decode attention (exercise 5.4)
 
 The reference gathers (copies) every key and value before attending. A GPU kernel reads them where
 they are. `triton_paged_decode_attention` launches one **program per (sequence, head)**. Each
@@ -211,11 +208,11 @@ multiply-adds, so the kernel's speed is the bandwidth at which it reads the cach
 **Exercise 5.4.** Write the body of `_paged_decode_kernel` in `kvcourse/attention.py`; the Python
 launcher below it is written for you. On a CPU, Triton runs the kernel in its *interpreter*
 (`TRITON_INTERPRET=1`, set at the top of this notebook): slow, but exact, so it checks the logic."""),
-    new_code_cell("""triton_out = attention.triton_paged_decode_attention(decode_query, key_cache, value_cache, block_tables, seq_lens)
+    code("""triton_out = attention.triton_paged_decode_attention(decode_query, key_cache, value_cache, block_tables, seq_lens)
 reference = attention.paged_decode_attention(decode_query, key_cache, value_cache, block_tables, seq_lens)
 print("Triton kernel == reference:", torch.allclose(triton_out, reference, atol=1e-5))"""),
-    new_code_cell("""check("5.4")"""),
-    new_markdown_cell("""## 6. The model runner: from a scheduler batch to GPT-2's inputs (exercise 5.5)
+    code("""check("5.4")"""),
+    md("""## 6. The model runner: from a scheduler batch to GPT-2's inputs (exercise 5.5)
 
 The scheduler hands over a list of `ScheduledSequence(request_id, tokens, is_decode,
 position_ids_start)`. Like vLLM and nano-vllm, the model runner packs every fed token of every
@@ -234,7 +231,7 @@ feeds positions 6, 7, ... . Getting this wrong is the lesson's placeholder-token
 
 **Exercise 5.5.** In `prepare_inputs` (`kvcourse/model_runner.py`), compute each sequence's
 positions, slots and `seq_len`."""),
-    new_code_cell("""batch = [
+    code("""batch = [
     ScheduledSequence(request_id=0, tokens=[318], is_decode=True, position_ids_start=9),            # a decode
     ScheduledSequence(request_id=1, tokens=[257, 1748, 1900, 329], is_decode=False, position_ids_start=2),  # a chunk
     ScheduledSequence(request_id=2, tokens=[464, 3139], is_decode=False, position_ids_start=0),      # a new prompt
@@ -244,8 +241,8 @@ inputs = prepare_inputs(batch, block_ids, block_size=4)
 for field in ["input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc", "logits_indices"]:
     print(f"{field:<16} {getattr(inputs, field).tolist()}")
 print("block_tables    ", inputs.block_tables.tolist())"""),
-    new_code_cell("""check("5.5")"""),
-    new_markdown_cell("""## 7. Plugging the paged cache into GPT-2, without patching it
+    code("""check("5.5")"""),
+    md("""## 7. Plugging the paged cache into GPT-2, without patching it
 
 Hugging Face models offer two extension points, and the engine uses exactly those
 (`kvcourse/paged_cache.py`):
@@ -269,14 +266,14 @@ in the KV-cache manager, runs the model once, and hands the greedy tokens back t
 request gets exactly `max_new_tokens` tokens, and the reference is
 `model.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None)`, one prompt at a time
 (`hf_greedy`)."""),
-    new_markdown_cell("""## 8. GPT-2 generating for the lesson's four prompts
+    md("""## 8. GPT-2 generating for the lesson's four prompts
 
 `load_gpt2()` gives pretrained GPT-2 (124M parameters) when the Hugging Face Hub answers, else the
 same architecture with seeded random weights (it says which). Random weights make gibberish, but
 the claim we test, *the paged engine computes exactly what Hugging Face computes*, holds for any
 weights. The engine uses the lesson's settings: 100 blocks of 16 tokens, a token budget of 1024, at
 most 8 sequences per step, 5 new tokens per request."""),
-    new_code_cell("""# NBVAL_IGNORE_OUTPUT  (pretrained online, random offline: the decoded text differs)
+    code("""# NBVAL_IGNORE_OUTPUT  (pretrained online, random offline: the decoded text differs)
 tokenizer = load_tokenizer()
 gpt2 = load_gpt2("gpt2")
 prompts = [tokenizer.encode(p) for p in LESSON_PROMPTS]
@@ -284,34 +281,34 @@ engine = LLMEngine(gpt2, num_blocks=100, block_size=16, token_budget=1024, max_b
 outputs = engine.generate(prompts, max_new_tokens=5, trace=True)
 for prompt, output in zip(LESSON_PROMPTS, outputs):
     print(f"{prompt[:50]!r:<54} -> {tokenizer.decode(output)!r}")"""),
-    new_markdown_cell("""The scheduler's trace is the same whatever the weights: one step prefills all four prompts
+    md("""The scheduler's trace is the same whatever the weights: one step prefills all four prompts
 (`prefill 15 tokens at 0`: 15 tokens fed, starting at position 0), then every step decodes one
 token per request; the blocks come back when the requests finish."""),
-    new_code_cell("""print("prompt lengths:", [len(p) for p in prompts])
+    code("""print("prompt lengths:", [len(p) for p in prompts])
 print(*engine.trace, sep="\\n")"""),
-    new_markdown_cell("""**The proof.** Hugging Face's own greedy `generate`, one prompt at a time, with its own
+    md("""**The proof.** Hugging Face's own greedy `generate`, one prompt at a time, with its own
 attention and its own cache, must give the same tokens."""),
-    new_code_cell("""reference_tokens = [hf_greedy(gpt2, p, 5) for p in prompts]
+    code("""reference_tokens = [hf_greedy(gpt2, p, 5) for p in prompts]
 print("engine == model.generate(do_sample=False), one prompt at a time:", outputs == reference_tokens)"""),
-    new_markdown_cell("""## 9. Tight memory and prefix caching
+    md("""## 9. Tight memory and prefix caching
 
 **Tight memory.** With 8 blocks of 8 tokens (64 token slots for four requests of up to 36 tokens)
 and a budget of 24 tokens per step, the scheduler must chunk prompts and, when a running request
 needs a block and none is free, **preempt** the most recently admitted request: its blocks are
 freed and it is recomputed later from its prompt and the tokens it already generated. The output
 must not change."""),
-    new_code_cell("""tight = LLMEngine(gpt2, num_blocks=8, block_size=8, token_budget=24, max_batch_size=8, tokenizer=tokenizer)
+    code("""tight = LLMEngine(gpt2, num_blocks=8, block_size=8, token_budget=24, max_batch_size=8, tokenizer=tokenizer)
 tight_outputs = tight.generate(prompts, max_new_tokens=5, trace=True)
 print(*tight.trace, sep="\\n")
 print(f"\\npreemptions: {tight.stats.preemptions}, steps: {tight.stats.iterations}, "
       f"tokens fed: {tight.stats.scheduled_tokens} (roomy run: {engine.stats.scheduled_tokens})")
 print("same tokens as Hugging Face:", tight_outputs == reference_tokens)"""),
-    new_markdown_cell("""**Prefix caching.** Chat requests often start with the same system prompt. With prefix caching on
+    md("""**Prefix caching.** Chat requests often start with the same system prompt. With prefix caching on
 (notebook 04), a request's full blocks that hash like blocks already in the cache are *shared*: their
 keys and values are not computed again, and the request's first chunk starts past them. Below, the
 four lesson prompts follow a shared system prompt. Even requests admitted in the same step share:
 within a forward pass each layer writes every fed token's K/V before any attention reads them."""),
-    new_code_cell("""system = ("You are a careful assistant who answers questions about history, science and programming. "
+    code("""system = ("You are a careful assistant who answers questions about history, science and programming. "
           "Keep every answer short, accurate and polite, and say so when you are unsure.\\n\\n")
 chat_prompts = [tokenizer.encode(system + p) for p in LESSON_PROMPTS]
 print("system prompt:", len(tokenizer.encode(system)), "tokens; prompts:", [len(p) for p in chat_prompts])
@@ -324,11 +321,11 @@ for caching in (False, True):
           f"from the cache, {runs[caching][1].scheduled_tokens} tokens fed to the model")
 print("same tokens with and without caching:", runs[True][0] == runs[False][0])
 print("same tokens as Hugging Face:", runs[True][0] == [hf_greedy(gpt2, p, 5) for p in chat_prompts])"""),
-    new_markdown_cell("""**A harder test.** Randomly initialised GPT-2 attends almost uniformly (its init scale is 0.02),
+    md("""**A harder test.** Randomly initialised GPT-2 attends almost uniformly (its init scale is 0.02),
 and its greedy outputs repeat, so a subtly broken cache might still match. The course's tiny GPT-2
 (2 layers, width 64) uses an init scale of 0.3: its attention is sharp and its outputs vary, so any
 misplaced key shows. A dozen prompts of mixed lengths, three memory regimes:"""),
-    new_code_cell("""import random
+    code("""import random
 
 tiny = load_gpt2("tiny")
 rng = random.Random(0)
@@ -348,7 +345,7 @@ for name, kwargs in settings.items():
     s = run.stats
     print(f"{name:<30} matches HF: {same}  steps {s.iterations:>3}  preemptions {s.preemptions:>2}  "
           f"prefix-hit tokens {s.prefix_hit_tokens:>3}")"""),
-    new_markdown_cell("""## 10. On a GPU: the Triton kernel against the reference and SDPA
+    md("""## 10. On a GPU: the Triton kernel against the reference and SDPA
 
 Where CUDA exists, this section times decode attention in fp16 for a batch of sequences of about a
 thousand tokens, GPT-2-small-shaped heads (12 × 64) and blocks of 16:
@@ -364,7 +361,7 @@ are recorded in the table below after a GPU run.
 | device | date | Triton | reference | SDPA (contiguous) |
 |---|---|---|---|---|
 | (no GPU run recorded yet) | | | | |"""),
-    new_code_cell("""# NBVAL_IGNORE_OUTPUT  (timings; and the device differs between machines)
+    code("""# NBVAL_IGNORE_OUTPUT  (timings; and the device differs between machines)
 def time_ms(fn, repeats=20):
     \"\"\"Median time of fn() in milliseconds, measured with CUDA events.\"\"\"
     fn()
@@ -402,7 +399,7 @@ else:
     for name, fn in runs_gpu.items():
         ms = time_ms(fn)
         print(f"{name:<18} {ms:8.3f} ms   {kv_bytes / ms / 1e6:8.1f} GB/s of K and V")"""),
-    new_markdown_cell("""## What you built
+    md("""## What you built
 
 * a paged KV storage and its cache write by slot;
 * paged attention for decodes and for mixed prefill/decode batches, and a Triton decode kernel;
@@ -415,10 +412,4 @@ trace. Notebook 06 measures what paging buys: memory waste, throughput against H
 sizes, and the kernel's bandwidth."""),
 ]
 
-notebook = new_notebook(cells=cells, metadata={
-    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-    "language_info": {"name": "python"},
-})
-path = Path(__file__).resolve().parent.parent / "notebooks" / "05_paged_attention_gpt2.ipynb"
-nbformat.write(notebook, path)
-print(f"wrote {path.relative_to(path.parent.parent)}")
+write_notebook("05_paged_attention_gpt2.ipynb", cells)

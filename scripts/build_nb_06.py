@@ -5,26 +5,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-ROOT = Path(__file__).resolve().parent.parent
-PATH = ROOT / "notebooks" / "06_measuring_the_payoff.ipynb"
-
-
-def md(text: str) -> nbformat.NotebookNode:
-    """A prose cell."""
-    return new_markdown_cell(text.strip())
-
-
-def code(text: str, hidden: bool = False) -> nbformat.NotebookNode:
-    """A code cell; `hidden` folds its source in JupyterLab (plotting code, not the lesson)."""
-    cell = new_code_cell(text.strip())
-    if hidden:
-        cell.metadata["jupyter"] = {"source_hidden": True}
-    return cell
+from nbbuild import code, md, write_notebook
 
 
 CELLS = [
@@ -278,14 +259,5 @@ allocator you wrote in notebook 03, with prefix caching from 04), `kv_cache_mana
 ]
 
 
-def main() -> None:
-    """Write the notebook, outputs empty."""
-    notebook = new_notebook(cells=CELLS)
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    notebook.metadata["language_info"] = {"name": "python"}
-    nbformat.write(notebook, PATH)
-    print(f"wrote {PATH.relative_to(ROOT)}")
-
-
 if __name__ == "__main__":
-    main()
+    write_notebook("06_measuring_the_payoff.ipynb", CELLS)
