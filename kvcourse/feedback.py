@@ -45,7 +45,8 @@ def check(exercise_id: str) -> None:
     elif result["status"] == "skipped":
         print(f"{head} skipped here: {result['message']}")
     else:
-        print(f"{head} not yet. {result['passed']}/{result['total']} tests pass.")
+        counts = f" {result['passed']}/{result['total']} tests pass." if result["total"] else ""
+        print(f"{head} not yet.{counts}")
         print(f"   What failed: {result['message']}")
         if result["hint"]:
             print(f"   Hint: {result['hint']}")

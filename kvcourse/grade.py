@@ -87,13 +87,27 @@ def _plain_message(excinfo) -> tuple[str, str | None, bool]:
     return f"{kind}: {text}{where}", None, False
 
 
+def _import_error_message(longrepr: str) -> str:
+    """'kvcourse/memory.py, line 27: SyntaxError: ...' from pytest's report of a failed import."""
+    errors = [line[1:].strip() for line in longrepr.splitlines() if line.startswith("E ") and line[1:].strip()]
+    places = re.findall(r'File "[^"]*/((?:kvcourse|solutions)/[^"]+\.py)", line (\d+)', longrepr)
+    where = f"{places[-1][0]}, line {places[-1][1]}: " if places else ""
+    return f"the code could not be imported ({where}{errors[-1] if errors else 'see the test file'}). Fix that first."
+
+
 class _Collector:
     """A pytest plugin that records every graded test's outcome and drives a progress bar."""
 
     def __init__(self, show_progress: bool) -> None:
         self.outcomes: dict[str, TestOutcome] = {}
+        self.import_errors: dict[str, str] = {}  # test file name -> what went wrong importing it
         self.show_progress = show_progress
         self.bar = None
+
+    def pytest_collectreport(self, report) -> None:
+        """A test file that cannot even be imported (a syntax error in kvcourse/, say) is kept, in words."""
+        if report.failed:
+            self.import_errors[Path(str(report.fspath)).name] = _import_error_message(str(report.longrepr))
 
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
@@ -184,7 +198,7 @@ def run(exercise_ids: list[str] | None = None, solutions: bool = False, show_pro
     collector = _Collector(show_progress)
     marker_expr = " or ".join(ex.marker for ex in selected)
     args = [*_test_files(selected), "-m", marker_expr, "-p", "no:cacheprovider", "-p", "no:randomly",
-            f"--timeout={TEST_TIMEOUT_S}", "-q", "--rootdir", str(ROOT)]
+            f"--timeout={TEST_TIMEOUT_S}", "--continue-on-collection-errors", "-q", "--rootdir", str(ROOT)]
     with contextlib.redirect_stdout(io.StringIO()) as log:
         code = pytest.main(args, plugins=[collector])
     if collector.bar is not None:
@@ -194,7 +208,11 @@ def run(exercise_ids: list[str] | None = None, solutions: bool = False, show_pro
     results = []
     for exercise in selected:
         outcomes = [o for o in collector.outcomes.values() if exercise.id in o.exercises]
-        results.append(_summarize(exercise, outcomes))
+        result = _summarize(exercise, outcomes)
+        broken = [msg for name, msg in collector.import_errors.items() if exercise.marker in (TESTS / name).read_text()]
+        if broken:
+            result.status, result.message, result.hint = INCORRECT, broken[0], ""
+        results.append(result)
     return results
 
 

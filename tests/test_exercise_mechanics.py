@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvcourse.exercises import EXERCISES
+from kvcourse.grade import _import_error_message
 from kvcourse.stubs import StubError, make_stub, solution_files, stale_stubs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,3 +89,13 @@ def test_every_graded_test_passes_on_the_solutions():
     results = _grade("--solutions")
     wrong = {i: (r["status"], r["message"]) for i, r in results.items() if r["status"] not in ("correct", "skipped")}
     assert not wrong, f"the reference fails its own graded tests: {wrong}"
+
+
+def test_a_file_that_does_not_import_is_reported_in_words():
+    report = """ImportError while importing test module '/x/tests/exercises/test_ex0_memory.py'.
+E     File "/home/me/kvcourse/kvcourse/memory.py", line 27
+E       return 2 * layers * (_kv_width(config)
+E                           ^
+E   SyntaxError: '(' was never closed"""
+    message = _import_error_message(report)
+    assert "kvcourse/memory.py, line 27" in message and "SyntaxError: '(' was never closed" in message
