@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+
+from reference import load_reference
 
 from kvcourse.request import Request
 
 
-def _reference_kv_cache():
-    """Load solutions/kv_cache.py directly, whatever KVCOURSE_SOLUTIONS says (maintainers' test)."""
-    name = "_reference_kv_cache_bad_input"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "solutions" / "kv_cache.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-kv = _reference_kv_cache()
+kv = load_reference("kv_cache")
 
 
 def request(request_id: int, n: int) -> Request:

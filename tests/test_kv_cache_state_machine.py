@@ -10,32 +10,19 @@ sibling still uses) shows up there.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from reference import load_reference
+
 from kvcourse.request import Request
 
 
-def _reference_kv_cache():
-    """Load solutions/kv_cache.py directly, whatever KVCOURSE_SOLUTIONS says (maintainers' test)."""
-    name = "_reference_kv_cache_state_machine"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "solutions" / "kv_cache.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-KVCacheManager = _reference_kv_cache().KVCacheManager
+KVCacheManager = load_reference("kv_cache").KVCacheManager
 PREFIXES = [[7, 1, 2, 3, 4, 5, 6, 7], [7, 1, 2, 3, 0, 0], [2]]  # shared "system prompts"
 SETTINGS = settings(max_examples=200, stateful_step_count=25, deadline=None)
 

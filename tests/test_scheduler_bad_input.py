@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from kvcourse.kv_cache_interface import MockKVCacheManager
+from reference import load_reference
+
 from kvcourse.request import Request, RequestStatus
 from kvcourse.toy import BlindStallFreeScheduler, Deadlock, run, toy_requests
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _reference(name: str) -> ModuleType:
-    """Load solutions/<name>.py directly, whatever KVCOURSE_SOLUTIONS says."""
-    module_name = f"_reference_{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, ROOT / "solutions" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
 
 
 @pytest.fixture()
 def scheduler_module() -> ModuleType:
-    return _reference("scheduler")
+    return load_reference("scheduler")
 
 
 def make(scheduler_module, **sizes):

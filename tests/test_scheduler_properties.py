@@ -14,44 +14,27 @@ KVCacheManager with and without prefix caching.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvcourse.kv_cache_interface import MockKVCacheManager
+from reference import load_reference
+
 from kvcourse.request import Request, RequestStatus
 from kvcourse.toy import ToyExecutor, block_tables_for, toy_generate
 
-ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 7  # small, so that end-of-sequence tokens and shared prefixes happen often
 EXAMPLES = 200
-
-
-def _reference(name: str) -> ModuleType:
-    """Load solutions/<name>.py directly, whatever KVCOURSE_SOLUTIONS says."""
-    path = ROOT / "solutions" / f"{name}.py"
-    if not path.exists():
-        pytest.skip(f"solutions/{name}.py is not written yet")
-    module_name = f"_reference_{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
 
 
 def _manager_factory(kind: str):
     """A constructor (num_blocks, block_size) -> manager for the given kind."""
     if kind == "mock":
         return MockKVCacheManager
-    kv_cache = _reference("kv_cache")
+    kv_cache = load_reference("kv_cache")
     prefix = kind == "paged+prefix"
     return lambda num_blocks, block_size: kv_cache.KVCacheManager(num_blocks, block_size, enable_prefix_caching=prefix)
 
@@ -162,7 +145,7 @@ def _check_outcome(requests, scheduler, manager, workload) -> None:
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workload=workloads())
 def test_every_workload_finishes_with_unconstrained_outputs(kind, workload):
-    scheduler_module = _reference("scheduler")
+    scheduler_module = load_reference("scheduler")
     requests, scheduler, manager = _drive(scheduler_module, _manager_factory(kind), workload)
     _check_outcome(requests, scheduler, manager, workload)
     event(f"preempted: {scheduler.num_preemptions > 0}")
@@ -181,7 +164,7 @@ def test_every_workload_finishes_with_unconstrained_outputs(kind, workload):
 )
 def test_the_tightest_cache_still_finishes_everything(lengths, max_new_tokens, block_size, budget):
     """A cache exactly as large as the largest request: heavy preemption, still exact outputs."""
-    scheduler_module = _reference("scheduler")
+    scheduler_module = load_reference("scheduler")
     num_blocks = max(math.ceil((n + max_new_tokens) / block_size) for n in lengths)
     workload = {
         "requests": [([(7 * i + j) % VOCAB for j in range(n)], max_new_tokens, None, 0) for i, n in enumerate(lengths)],

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
+
+from reference import load_reference
 
 from kvcourse.request import Request
 from kvcourse.widgets import (
@@ -24,8 +23,6 @@ from kvcourse.widgets import (
     request_color,
     snapshot,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------------------------------------------
@@ -239,18 +236,6 @@ def test_bad_input_raises_clear_value_errors() -> None:
 # Against the reference allocator and scheduler (skipped until they exist)
 
 
-def _reference(name: str) -> ModuleType:
-    """Load solutions/<name>.py directly, whatever KVCOURSE_SOLUTIONS says."""
-    path = ROOT / "solutions" / f"{name}.py"
-    if not path.exists():
-        pytest.skip(f"solutions/{name}.py is not written yet")
-    spec = importlib.util.spec_from_file_location(f"_reference_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 def _consistent(snap: Snapshot, num_blocks: int) -> None:
     """Every block is in exactly one place, and the manager's counts agree with the grid."""
     assert snap.num_blocks == num_blocks
@@ -262,7 +247,7 @@ def _consistent(snap: Snapshot, num_blocks: int) -> None:
 
 
 def test_snapshot_of_the_reference_manager() -> None:
-    kv_cache = _reference("kv_cache")
+    kv_cache = load_reference("kv_cache")
     manager = kv_cache.KVCacheManager(num_blocks=6, block_size=4)
     a = Request(id=0, prompt_tokens=list(range(10)), max_new_tokens=2)
     b = Request(id=1, prompt_tokens=list(range(3)), max_new_tokens=2)
@@ -276,7 +261,7 @@ def test_snapshot_of_the_reference_manager() -> None:
 
 
 def test_record_run_with_the_reference_scheduler() -> None:
-    kv_cache, scheduler_module = _reference("kv_cache"), _reference("scheduler")
+    kv_cache, scheduler_module = load_reference("kv_cache"), load_reference("scheduler")
     from kvcourse.widgets import record_run
 
     manager = kv_cache.KVCacheManager(num_blocks=12, block_size=4)
@@ -294,7 +279,7 @@ def test_record_run_with_the_reference_scheduler() -> None:
 
 
 def test_snapshot_shows_the_reference_prefix_cache_sharing_and_cached_free_blocks() -> None:
-    kv_cache = _reference("kv_cache")
+    kv_cache = load_reference("kv_cache")
     manager = kv_cache.KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     a = Request(id=0, prompt_tokens=list(range(10)), max_new_tokens=2)
     manager.allocate_slots(a, 10)

@@ -10,7 +10,7 @@ import pytest
 
 from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
-from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
+from kvcourse.scheduler import StallFreeScheduler
 from kvcourse.toy import run, toy_generate, toy_requests
 
 
