@@ -89,7 +89,6 @@ class LLMEngine:
         self.trace: list[StepTrace] = []
         self._next_request_id = 0
         self._requests: dict[int, Request] = {}  # every request this engine was given, by id
-        self._chunk_end: dict[int, int] = {}  # request id -> end of its last chunk run (prefix-hit counting)
 
     # ------------------------------------------------------------------ public
     def generate(self, prompts: Sequence[Prompt], max_new_tokens: int, *, progress: bool | None = None,
@@ -123,6 +122,7 @@ class LLMEngine:
     def step(self, trace: bool = False) -> int:
         """Schedule, run and update once; returns how many tokens were sampled."""
         preemptions_before = self.scheduler.num_preemptions
+        hits_before = self.kv_cache_manager.prefix_cache_stats.hits
         batch = self.scheduler.schedule_next_batch()
         if not batch:
             raise RuntimeError(
@@ -131,9 +131,9 @@ class LLMEngine:
             )
         batch = self._drop_preempted(batch)
         self.stats.preemptions += self.scheduler.num_preemptions - preemptions_before
+        self.stats.prefix_hit_tokens += self.kv_cache_manager.prefix_cache_stats.hits - hits_before
         if not batch:
             return 0
-        self._count_prefix_hits(batch)
         self._apply_block_copies()
         block_tables = {seq.request_id: self.kv_cache_manager.get_block_ids(self._requests[seq.request_id])
                         for seq in batch}
@@ -200,14 +200,6 @@ class LLMEngine:
         kept = [seq for seq in batch if seq.request_id in self.scheduler.active_pool]
         self.stats.dropped_sequences += len(batch) - len(kept)
         return kept
-
-    def _count_prefix_hits(self, batch: list) -> None:
-        """A request's first chunk that starts past 0 found that many prompt tokens in the prefix cache."""
-        for seq in batch:
-            start, previous_end = seq.position_ids_start, self._chunk_end.get(seq.request_id)
-            if previous_end is None or start < previous_end:  # admitted, or re-admitted after a preemption
-                self.stats.prefix_hit_tokens += start
-            self._chunk_end[seq.request_id] = start + len(seq.tokens)
 
     def _apply_block_copies(self) -> None:
         """Copy-on-write: the manager lists (src, dst) blocks whose contents must be duplicated first."""
