@@ -7,9 +7,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test reads the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from hypothesis import settings  # noqa: E402
+from hypothesis import settings
 
-from kvcourse.exercises import EXERCISES  # noqa: E402
+from kvcourse.course.exercises import EXERCISES
 
 # CI replays the same Hypothesis examples every run (a red CI then always reproduces); locally they vary.
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)

@@ -1,12 +1,21 @@
 """kvcourse: build the memory side of an LLM serving engine, one exercise at a time.
 
-In a notebook: `from kvcourse import check, hint, solution, progress`.
+In a notebook: `from kvcourse import check, hint, solution, progress`. Those helpers live in
+`kvcourse.course` and load on first use, so importing a lesson module loads no grading code.
 """
 
-from kvcourse import _solutions
+from kvcourse.course import solutions_switch
 
-_solutions.install()
+solutions_switch.install()
 
-from kvcourse.feedback import check, hint, progress, solution  # noqa: E402
+_FEEDBACK = ("check", "hint", "progress", "solution")
+__all__ = list(_FEEDBACK)
 
-__all__ = ["check", "hint", "progress", "solution"]
+
+def __getattr__(name: str):
+    """Load the notebook helpers lazily (PEP 562)."""
+    if name in _FEEDBACK:
+        from kvcourse.course import feedback
+
+        return getattr(feedback, name)
+    raise AttributeError(f"module 'kvcourse' has no attribute {name!r}")

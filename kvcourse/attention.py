@@ -80,7 +80,9 @@ def write_to_cache(
     # View each cache as one long row of slots, [num_blocks * block_size, H, D], and write the
     # keys and values there in place (the caches must change, not a copy of them).
     # TODO: Exercise 5.1: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 5.1 (Write K/V into the paged cache): not written yet: edit kvcourse/attention.py, write_to_cache.")
+    raise NotImplementedError(
+        "Exercise 5.1 (Write K/V into the paged cache): not written yet: edit kvcourse/attention.py, write_to_cache."
+    )
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -89,7 +91,9 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
     # index the cache with them ([n, block_size, H, D]), flatten the blocks into one run of
     # tokens and keep the first seq_len.
     # TODO: Exercise 5.2: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 5.2 (Reference paged decode attention): not written yet: edit kvcourse/attention.py, gather_kv.")
+    raise NotImplementedError(
+        "Exercise 5.2 (Reference paged decode attention): not written yet: edit kvcourse/attention.py, gather_kv."
+    )
 
 
 def paged_decode_attention(
@@ -108,7 +112,9 @@ def paged_decode_attention(
     # score the query against every key (per head), softmax over the keys, and weight the values.
     # Compute in float32 and store in out[b] (out has the query's dtype).
     # TODO: Exercise 5.2: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 5.2 (Reference paged decode attention): not written yet: edit kvcourse/attention.py, paged_decode_attention.")
+    raise NotImplementedError(
+        "Exercise 5.2 (Reference paged decode attention): not written yet: edit kvcourse/attention.py, paged_decode_attention."
+    )
     return out
 
 
@@ -143,7 +149,9 @@ def paged_attention(
         start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
         if end - start > int(seq_lens[b]):
             raise ValueError(f"sequence {b} has {end - start} queries but only {int(seq_lens[b])} tokens in the cache.")
-        out[start:end] = _chunk_attention(query[start:end], key_cache, value_cache, block_tables[b], int(seq_lens[b]), scale)
+        out[start:end] = _chunk_attention(
+            query[start:end], key_cache, value_cache, block_tables[b], int(seq_lens[b]), scale
+        )
     return out
 
 
@@ -160,20 +168,30 @@ def _chunk_attention(
     # seq_len - L + i and may see keys at positions 0 .. that position (itself included): mask the
     # later ones with -inf before the softmax. Compute in float32; return [L, H, D] in query's dtype.
     # TODO: Exercise 5.3: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 5.3 (Mixed prefill and decode attention): not written yet: edit kvcourse/attention.py, _chunk_attention.")
+    raise NotImplementedError(
+        "Exercise 5.3 (Mixed prefill and decode attention): not written yet: edit kvcourse/attention.py, _chunk_attention."
+    )
 
 
 @jit
 def _paged_decode_kernel(
-    out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
     scale,
-    stride_qb, stride_qh,          # query and out are [B, H, D], contiguous in D
-    stride_cb, stride_cs, stride_ch,  # caches [num_blocks, block_size, H, D], contiguous in D
-    stride_bt,                     # block_tables row stride
-    BLOCK_SIZE: tl.constexpr,      # tokens per cache block
+    stride_qb,
+    stride_qh,  # query and out are [B, H, D], contiguous in D
+    stride_cb,
+    stride_cs,
+    stride_ch,  # caches [num_blocks, block_size, H, D], contiguous in D
+    stride_bt,  # block_tables row stride
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     HEAD_DIM: tl.constexpr,
-    BLOCK_T: tl.constexpr,         # BLOCK_SIZE rounded up to a power of two
-    BLOCK_D: tl.constexpr,         # HEAD_DIM rounded up to a power of two
+    BLOCK_T: tl.constexpr,  # BLOCK_SIZE rounded up to a power of two
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
 ):
     """One program = one (sequence, head): walk its block table with an online softmax."""
     # Exercise 5.4: seq = tl.program_id(0), head = tl.program_id(1). Load the query row
@@ -185,7 +203,9 @@ def _paged_decode_kernel(
     # p = exp(scores - m_new), l = l * alpha + sum(p), acc = acc * alpha + sum(p * v).
     # Finally store acc / l at out[seq, head] in out's dtype.
     # TODO: Exercise 5.4: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 5.4 (Triton paged decode kernel): not written yet: edit kvcourse/attention.py, _paged_decode_kernel.")
+    raise NotImplementedError(
+        "Exercise 5.4 (Triton paged decode kernel): not written yet: edit kvcourse/attention.py, _paged_decode_kernel."
+    )
 
 
 def triton_paged_decode_attention(
@@ -208,12 +228,23 @@ def triton_paged_decode_attention(
     grid = (batch, heads)
     try:
         _kernel_for(query.device)[grid](
-            out, query, key_cache, value_cache, block_tables, seq_lens, float(scale),
-            query.stride(0), query.stride(1),
-            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            out,
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            float(scale),
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
             block_tables.stride(0),
-            BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
-            BLOCK_T=triton.next_power_of_2(key_cache.shape[1]), BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_SIZE=key_cache.shape[1],
+            HEAD_DIM=head_dim,
+            BLOCK_T=triton.next_power_of_2(key_cache.shape[1]),
+            BLOCK_D=triton.next_power_of_2(head_dim),
         )
     except Exception as error:
         _reraise_stub(error)

@@ -56,7 +56,9 @@ class StepTrace:
 
     def __str__(self) -> str:
         parts = [f"Req {rid}: {kind} {n} token{'s' * (n != 1)} at {start}" for rid, kind, start, n in self.sequences]
-        line = f"iter {self.iteration:>3} | " + "; ".join(parts) + f" | free blocks {self.free_blocks}/{self.num_blocks}"
+        line = (
+            f"iter {self.iteration:>3} | " + "; ".join(parts) + f" | free blocks {self.free_blocks}/{self.num_blocks}"
+        )
         if self.preempted:
             line += f" | {self.preempted} preempted"
         if self.finished:
@@ -91,8 +93,9 @@ class LLMEngine:
         self._requests: dict[int, Request] = {}  # every request this engine was given, by id
 
     # ------------------------------------------------------------------ public
-    def generate(self, prompts: Sequence[Prompt], max_new_tokens: int, *, progress: bool | None = None,
-                 trace: bool = False) -> list[list[int]]:
+    def generate(
+        self, prompts: Sequence[Prompt], max_new_tokens: int, *, progress: bool | None = None, trace: bool = False
+    ) -> list[list[int]]:
         """The greedy continuation of every prompt (token ids), in the order given.
 
         prompts: strings (encoded with the tokenizer, GPT-2's by default) or lists of token ids.
@@ -106,8 +109,14 @@ class LLMEngine:
         requests = [self._add_request(tokens, max_new_tokens) for tokens in token_lists]
         self.stats, self.trace = EngineStats(prompt_tokens=sum(map(len, token_lists))), []
         show = sum(r.max_new_tokens for r in requests) >= PROGRESS_MIN_TOKENS if progress is None else progress
-        with tqdm(total=len(requests) * max_new_tokens, desc="generating", unit="tok", file=sys.stderr,
-                  disable=not show, leave=False) as bar:
+        with tqdm(
+            total=len(requests) * max_new_tokens,
+            desc="generating",
+            unit="tok",
+            file=sys.stderr,
+            disable=not show,
+            leave=False,
+        ) as bar:
             while self.scheduler.has_unfinished_requests():
                 sampled = self.step(trace=trace)
                 bar.update(sampled)
@@ -135,8 +144,9 @@ class LLMEngine:
         if not batch:
             return 0
         self._apply_block_copies()
-        block_tables = {seq.request_id: self.kv_cache_manager.get_block_ids(self._requests[seq.request_id])
-                        for seq in batch}
+        block_tables = {
+            seq.request_id: self.kv_cache_manager.get_block_ids(self._requests[seq.request_id]) for seq in batch
+        }
         next_tokens = self.runner.execute(batch, block_tables)
         sampled = {seq.request_id: next_tokens[seq.request_id] for seq in batch if self._samples(seq)}
         finished = self.scheduler.update_from_output(batch, sampled)
@@ -144,12 +154,19 @@ class LLMEngine:
         self.stats.scheduled_tokens += sum(len(seq.tokens) for seq in batch)
         self.stats.generated_tokens += len(sampled)
         if trace:
-            self.trace.append(StepTrace(
-                self.stats.iterations,
-                [(s.request_id, "decode" if s.is_decode else "prefill", s.position_ids_start, len(s.tokens)) for s in batch],
-                self.kv_cache_manager.get_num_free_blocks(), self.kv_cache_manager.num_blocks,
-                [r.id for r in finished], self.scheduler.num_preemptions - preemptions_before,
-            ))
+            self.trace.append(
+                StepTrace(
+                    self.stats.iterations,
+                    [
+                        (s.request_id, "decode" if s.is_decode else "prefill", s.position_ids_start, len(s.tokens))
+                        for s in batch
+                    ],
+                    self.kv_cache_manager.get_num_free_blocks(),
+                    self.kv_cache_manager.num_blocks,
+                    [r.id for r in finished],
+                    self.scheduler.num_preemptions - preemptions_before,
+                )
+            )
         return len(sampled)
 
     # ------------------------------------------------------------------ helpers
@@ -219,7 +236,12 @@ class LLMEngine:
 def hf_greedy(model: torch.nn.Module, prompt_tokens: Sequence[int], max_new_tokens: int) -> list[int]:
     """Hugging Face's own greedy generate for one prompt, EOS ignored like the engine: the reference to match."""
     input_ids = torch.tensor([list(prompt_tokens)], device=next(model.parameters()).device)
-    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                            max_new_tokens=max_new_tokens, eos_token_id=None,
-                            pad_token_id=model.config.eos_token_id or 0)
-    return output[0, input_ids.shape[1]:].tolist()
+    output = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=None,
+        pad_token_id=model.config.eos_token_id or 0,
+    )
+    return output[0, input_ids.shape[1] :].tolist()

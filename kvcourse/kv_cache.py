@@ -71,7 +71,9 @@ class FreeKVCacheBlockQueue:
         # Exercise 3.1: the first real block sits right after self.fake_head. Unlink it (remove
         # does exactly that) and return it.
         # TODO: Exercise 3.1: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.popleft.")
+        raise NotImplementedError(
+            "Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.popleft."
+        )
 
     def append(self, block: KVCacheBlock) -> None:
         """Put a freed block at the back, so it is reused after every block freed before it."""
@@ -80,7 +82,9 @@ class FreeKVCacheBlockQueue:
         # Exercise 3.1: link the block in between the last real block (self.fake_tail.prev_free_block)
         # and self.fake_tail, four pointers in all, then count it in self.num_free_blocks.
         # TODO: Exercise 3.1: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.append.")
+        raise NotImplementedError(
+            "Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.append."
+        )
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block from anywhere in the queue in O(1) (a prefix-cache hit revives it)."""
@@ -89,7 +93,9 @@ class FreeKVCacheBlockQueue:
         # Exercise 3.1: make the block's two neighbours point at each other, clear the block's own
         # pointers (None means "not in the queue"), and count it out of self.num_free_blocks.
         # TODO: Exercise 3.1: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.remove.")
+        raise NotImplementedError(
+            "Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.remove."
+        )
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Every free block, front (evicted first) to back: for debugging, tests and the widget."""
@@ -141,7 +147,9 @@ class BlockPool:
         # first call self._maybe_evict_cached_block(block) (notebook 04: it forgets a stale prefix-
         # cache entry; until then it does nothing), then give it its one holder (ref_cnt). Return them.
         # TODO: Exercise 3.2: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 3.2 (The block pool): not written yet: edit kvcourse/kv_cache.py, BlockPool.get_new_blocks.")
+        raise NotImplementedError(
+            "Exercise 3.2 (The block pool): not written yet: edit kvcourse/kv_cache.py, BlockPool.get_new_blocks."
+        )
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one holder from each block; a block nobody holds goes to the back of the free queue."""
@@ -150,7 +158,9 @@ class BlockPool:
         # Exercise 3.2: for each block, in the order given, take away one holder (ref_cnt); when no
         # holder is left, append it to self.free_block_queue.
         # TODO: Exercise 3.2: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 3.2 (The block pool): not written yet: edit kvcourse/kv_cache.py, BlockPool.free_blocks.")
+        raise NotImplementedError(
+            "Exercise 3.2 (The block pool): not written yet: edit kvcourse/kv_cache.py, BlockPool.free_blocks."
+        )
 
     def _check_held(self, blocks: list[KVCacheBlock]) -> None:
         """Refuse to free a block more times than it is held (a double free corrupts the queue)."""
@@ -163,7 +173,9 @@ class BlockPool:
         # Exercise 4.3: for each block, if nobody holds it (it is cached but free), remove it from
         # self.free_block_queue so it cannot be handed out; then add one holder.
         # TODO: Exercise 4.3: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 4.3 (Sharing cached blocks): not written yet: edit kvcourse/kv_cache.py, BlockPool.touch.")
+        raise NotImplementedError(
+            "Exercise 4.3 (Sharing cached blocks): not written yet: edit kvcourse/kv_cache.py, BlockPool.touch."
+        )
 
     def cache_full_blocks(
         self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]]
@@ -182,7 +194,9 @@ class BlockPool:
         # Exercise 4.2: look block_hash up in self.cached_block_hash_to_block. Return the block only if
         # its token_ids equal tuple(token_ids); otherwise (no entry, or a hash collision) return None.
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 4.2 (Prefix-cache lookup): not written yet: edit kvcourse/kv_cache.py, BlockPool.get_cached_block.")
+        raise NotImplementedError(
+            "Exercise 4.2 (Prefix-cache lookup): not written yet: edit kvcourse/kv_cache.py, BlockPool.get_cached_block."
+        )
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> None:
         """Unpublish a cached-free block that is being reused, so no lookup finds its old contents."""
@@ -191,7 +205,9 @@ class BlockPool:
         # Exercise 4.4: the block is about to hold new tokens. Delete its entry from
         # self.cached_block_hash_to_block, then clear its block_hash and token_ids.
         # TODO: Exercise 4.4: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 4.4 (Free and LRU eviction): not written yet: edit kvcourse/kv_cache.py, BlockPool._maybe_evict_cached_block.")
+        raise NotImplementedError(
+            "Exercise 4.4 (Free and LRU eviction): not written yet: edit kvcourse/kv_cache.py, BlockPool._maybe_evict_cached_block."
+        )
 
     def get_num_cached_blocks(self) -> int:
         """Blocks currently published in the prefix cache (held or free)."""
@@ -209,7 +225,9 @@ def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[i
     # (parent_block_hash, token ids as plain ints), e.g. repr(...).encode(). Not Python's hash():
     # it changes from one process to the next.
     # TODO: Exercise 4.1: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 4.1 (The block hash chain): not written yet: edit kvcourse/kv_cache.py, hash_block_tokens.")
+    raise NotImplementedError(
+        "Exercise 4.1 (The block hash chain): not written yet: edit kvcourse/kv_cache.py, hash_block_tokens."
+    )
 
 
 def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[BlockHash]:
@@ -217,7 +235,9 @@ def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[Block
     # Exercise 4.1: walk the full blocks in order; each block's parent is the previous block's hash
     # (None for the first block).
     # TODO: Exercise 4.1: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 4.1 (The block hash chain): not written yet: edit kvcourse/kv_cache.py, hash_request_tokens.")
+    raise NotImplementedError(
+        "Exercise 4.1 (The block hash chain): not written yet: edit kvcourse/kv_cache.py, hash_request_tokens."
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +339,9 @@ class KVCacheManager:
         # num_extra (blocks lesson 04's sharing also takes) is more than the pool's free blocks,
         # return None; else return the number of new blocks.
         # TODO: Exercise 3.3: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 3.3 (KVCacheManager.allocate_slots): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._num_new_blocks.")
+        raise NotImplementedError(
+            "Exercise 3.3 (KVCacheManager.allocate_slots): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._num_new_blocks."
+        )
 
     def _check_allocation(
         self,
@@ -356,7 +378,9 @@ class KVCacheManager:
         # none: do nothing), and free its blocks in REVERSE order, tail first, so that the tail is
         # reused before the head (a later request can still share the head).
         # TODO: Exercise 3.4: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 3.4 (KVCacheManager.free): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.free.")
+        raise NotImplementedError(
+            "Exercise 3.4 (KVCacheManager.free): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.free."
+        )
 
     # ---- prefix caching ----
 
@@ -370,7 +394,9 @@ class KVCacheManager:
         # for each (with that block's slice of the tokens) and stop at the first miss. Return
         # (KVCacheBlocks(hits), number of tokens the hits hold).
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 4.2 (Prefix-cache lookup): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.get_computed_blocks.")
+        raise NotImplementedError(
+            "Exercise 4.2 (Prefix-cache lookup): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.get_computed_blocks."
+        )
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
         """Hash and publish every block this step fills with KNOWN tokens (a prompt's at admission)."""
@@ -385,8 +411,8 @@ class KVCacheManager:
         while len(hashes) < num_full:
             start = len(hashes) * self.block_size
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, token_ids[start:start + self.block_size]))
-        block_tokens = [token_ids[i * self.block_size:(i + 1) * self.block_size] for i in range(num_done, num_full)]
+            hashes.append(hash_block_tokens(parent, token_ids[start : start + self.block_size]))
+        block_tokens = [token_ids[i * self.block_size : (i + 1) * self.block_size] for i in range(num_done, num_full)]
         self.block_pool.cache_full_blocks(req_blocks[num_done:num_full], hashes[num_done:num_full], block_tokens)
         self.num_cached_block[request.id] = num_full
 
@@ -418,7 +444,9 @@ class KVCacheManager:
         # Exercise 4.5: give the child a table of its own (a new list) holding the parent's blocks,
         # and add one holder to each block (self.block_pool.touch).
         # TODO: Exercise 4.5: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.fork.")
+        raise NotImplementedError(
+            "Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.fork."
+        )
         self.req_to_block_hashes[child.id] = list(self.req_to_block_hashes.get(parent.id, []))
         self.num_cached_block[child.id] = self.num_cached_block.get(parent.id, 0)
 
@@ -436,7 +464,9 @@ class KVCacheManager:
         # req_blocks[i] loses this holder (free it through the pool), its copy takes its place in
         # the table, and (src id, dst id) goes into self.pending_copies. Return the new blocks.
         # TODO: Exercise 4.5: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._copy_on_write.")
+        raise NotImplementedError(
+            "Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._copy_on_write."
+        )
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies to run before the next forward pass; the list is then cleared."""

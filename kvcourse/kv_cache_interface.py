@@ -201,10 +201,7 @@ class MockKVCacheManager:
 
     def __repr__(self) -> str:
         """Sizes and free count, no addresses (stable in notebooks)."""
-        return (
-            f"MockKVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"free={self._num_free})"
-        )
+        return f"MockKVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, free={self._num_free})"
 
 
 __all__ = [

@@ -20,7 +20,9 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     # Exercise 0.1: every layer stores a key AND a value vector of `_kv_width(config)` elements
     # for each token, each element `bytes_per_element` bytes. Return the total for one token.
     # TODO: Exercise 0.1: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 0.1 (KV bytes per token): not written yet: edit kvcourse/memory.py, kv_bytes_per_token.")
+    raise NotImplementedError(
+        "Exercise 0.1 (KV bytes per token): not written yet: edit kvcourse/memory.py, kv_bytes_per_token."
+    )
 
 
 def max_sequences(memory_bytes: int, seq_len: int, bytes_per_token: int) -> int:
@@ -32,4 +34,6 @@ def max_sequences(memory_bytes: int, seq_len: int, bytes_per_token: int) -> int:
         )
     # Exercise 0.2: one sequence needs seq_len * bytes_per_token bytes; a partial sequence is useless.
     # TODO: Exercise 0.2: write your code here, then delete the raise below.
-    raise NotImplementedError("Exercise 0.2 (Sequences that fit in a memory budget): not written yet: edit kvcourse/memory.py, max_sequences.")
+    raise NotImplementedError(
+        "Exercise 0.2 (Sequences that fit in a memory budget): not written yet: edit kvcourse/memory.py, max_sequences."
+    )

@@ -46,8 +46,12 @@ class ModelInputs:
 
     def attention_kwargs(self) -> dict[str, torch.Tensor]:
         """The keyword arguments that reach PagedKVCache.update and the attention function."""
-        return {"slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
-                "seq_lens": self.seq_lens, "query_start_loc": self.query_start_loc}
+        return {
+            "slot_mapping": self.slot_mapping,
+            "block_tables": self.block_tables,
+            "seq_lens": self.seq_lens,
+            "query_start_loc": self.query_start_loc,
+        }
 
 
 def prepare_inputs(
@@ -79,7 +83,9 @@ def prepare_inputs(
         # block id from the table times block_size plus the offset. After this step the cache holds
         # seq_len tokens of this sequence. Set seq_positions, seq_slots (one per token) and seq_len.
         # TODO: Exercise 5.5: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 5.5 (Model-runner inputs): not written yet: edit kvcourse/model_runner.py, prepare_inputs.")
+        raise NotImplementedError(
+            "Exercise 5.5 (Model-runner inputs): not written yet: edit kvcourse/model_runner.py, prepare_inputs."
+        )
         input_ids += seq.tokens
         positions += seq_positions
         slot_mapping += seq_slots

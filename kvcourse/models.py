@@ -50,8 +50,9 @@ def load_tokenizer() -> GPT2TokenizerFast:
         if line and not line.startswith("#version")
     ]
     # transformers 5 takes vocab/merges objects; vocab_file/merges_file would silently give an empty vocabulary.
-    tokenizer = GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<|endoftext|>",
-                                  bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    tokenizer = GPT2TokenizerFast(
+        vocab=vocab, merges=merges, unk_token="<|endoftext|>", bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )
     tokenizer.model_max_length = 1024
     return tokenizer
 
@@ -66,8 +67,9 @@ def gpt2_config(name: str = "gpt2") -> GPT2Config:
 
 def tiny_gpt2_config() -> GPT2Config:
     """A 2-layer GPT-2 for fast tests; a large init scale makes attention sharp, so cache bugs show."""
-    return GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=256, initializer_range=0.3,
-                      bos_token_id=None, eos_token_id=None)
+    return GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, n_positions=256, initializer_range=0.3, bos_token_id=None, eos_token_id=None
+    )
 
 
 def _hub_answers(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
@@ -130,6 +132,8 @@ def load_gpt2(name: str = "gpt2", *, seed: int = 0, verbose: bool = True) -> GPT
         return model.eval()
     model = random_gpt2(config, seed)
     if verbose:
-        print(f"The Hugging Face Hub is not reachable: using {name}'s architecture with seeded random "
-              f"weights (seed {seed}). Outputs are gibberish, but paged == dense still holds.")
+        print(
+            f"The Hugging Face Hub is not reachable: using {name}'s architecture with seeded random "
+            f"weights (seed {seed}). Outputs are gibberish, but paged == dense still holds."
+        )
     return model

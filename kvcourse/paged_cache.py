@@ -41,8 +41,9 @@ class PagedCacheLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to do: the storage is allocated up front, like vLLM's."""
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, kwargs: dict | None = None,
-               **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, kwargs: dict | None = None, **_: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's K/V ([1, H, T, D]) at their slots; return the whole paged storage for attention."""
         if not kwargs or "slot_mapping" not in kwargs:
             raise ValueError(
@@ -69,13 +70,25 @@ class PagedCacheLayer(CacheLayerMixin):
 class PagedKVCache(Cache):
     """transformers' Cache over one PagedCacheLayer per model layer."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if min(num_layers, num_blocks, block_size, num_heads, head_dim) <= 0:
             raise ValueError("num_layers, num_blocks, block_size, num_heads and head_dim must all be positive.")
         shape = (num_blocks, block_size, num_heads, head_dim)
-        layers = [PagedCacheLayer(torch.zeros(shape, dtype=dtype, device=device),
-                                  torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
+        layers = [
+            PagedCacheLayer(
+                torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+            )
+            for _ in range(num_layers)
+        ]
         super().__init__(layers=layers)
         self.num_blocks, self.block_size = num_blocks, block_size
 
@@ -84,8 +97,15 @@ class PagedKVCache(Cache):
         """Storage shaped for a GPT-2 model, in its dtype and on its device."""
         config = model.config
         parameter = next(model.parameters())
-        return cls(config.n_layer, num_blocks, block_size, config.n_head, config.n_embd // config.n_head,
-                   dtype=parameter.dtype, device=parameter.device)
+        return cls(
+            config.n_layer,
+            num_blocks,
+            block_size,
+            config.n_head,
+            config.n_embd // config.n_head,
+            dtype=parameter.dtype,
+            device=parameter.device,
+        )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """See PagedCacheLayer.get_seq_length: positions must come from position_ids."""

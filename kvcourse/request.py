@@ -38,9 +38,7 @@ class Request:
                 "(the model needs a token to predict from)."
             )
         if self.max_new_tokens < 0:
-            raise ValueError(
-                f"Request {self.id}: max_new_tokens is {self.max_new_tokens}; it must be 0 or more."
-            )
+            raise ValueError(f"Request {self.id}: max_new_tokens is {self.max_new_tokens}; it must be 0 or more.")
         self.prompt_tokens = list(self.prompt_tokens)
 
     @property
@@ -83,7 +81,5 @@ class Request:
         if len(self.output_tokens) >= self.max_new_tokens:
             return True
         return (
-            self.eos_token_id is not None
-            and bool(self.output_tokens)
-            and self.output_tokens[-1] == self.eos_token_id
+            self.eos_token_id is not None and bool(self.output_tokens) and self.output_tokens[-1] == self.eos_token_id
         )

@@ -122,7 +122,9 @@ class StallFreeScheduler:
         # If that is more than manager.num_blocks, set request.status to RequestStatus.REJECTED,
         # put a sentence in request.reason that says why, and return True; otherwise return False.
         # TODO: Exercise 2.5: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 2.5 (Reject what can never fit): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._reject_if_never_fits.")
+        raise NotImplementedError(
+            "Exercise 2.5 (Reject what can never fit): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._reject_if_never_fits."
+        )
         self.rejected.append(request)
         return True
 
@@ -162,7 +164,9 @@ class StallFreeScheduler:
         # self._allocate_or_preempt(request, 1). If that fails, return None; otherwise return
         # self._advance(request, 1, is_decode=True).
         # TODO: Exercise 2.1: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 2.1 (Allocate a slot for each decode): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._schedule_decode.")
+        raise NotImplementedError(
+            "Exercise 2.1 (Allocate a slot for each decode): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._schedule_decode."
+        )
 
     def _schedule_prefill_in_progress(self, batch: list[ScheduledSequence]) -> None:
         """Continue the (at most one) running request whose tokens are not all in the cache yet."""
@@ -180,7 +184,9 @@ class StallFreeScheduler:
         # self._allocate_or_preempt(request, n); if that fails return None, else return
         # self._advance(request, n, is_decode=False).
         # TODO: Exercise 2.2: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 2.2 (Allocate prefill chunks): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._schedule_prefill_chunk.")
+        raise NotImplementedError(
+            "Exercise 2.2 (Allocate prefill chunks): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._schedule_prefill_chunk."
+        )
 
     def _admit_waiting(self, batch: list[ScheduledSequence]) -> None:
         """Admit waiting requests in queue order; one that does not fit now is skipped this step."""
@@ -203,7 +209,9 @@ class StallFreeScheduler:
         # self.active_pool, set its num_computed_tokens to num_computed, and return
         # self._advance(request, n, is_decode=False).
         # TODO: Exercise 2.2: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 2.2 (Allocate prefill chunks): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._admit.")
+        raise NotImplementedError(
+            "Exercise 2.2 (Allocate prefill chunks): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._admit."
+        )
 
     @staticmethod
     def _is_prefilling(request: Request) -> bool:
@@ -240,7 +248,9 @@ class StallFreeScheduler:
         # PREEMPTED, add 1 to its num_preemptions and to self.num_preemptions, put it at the HEAD of
         # self.waiting_queue, and return it.
         # TODO: Exercise 2.4: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 2.4 (Preempt by recompute): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._preempt_most_recent.")
+        raise NotImplementedError(
+            "Exercise 2.4 (Preempt by recompute): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._preempt_most_recent."
+        )
 
     # ----------------------------------------------------------------------------- results in
     def update_from_output(self, batch: list[ScheduledSequence], sampled_token_ids: dict[int, int]) -> list[Request]:
@@ -276,7 +286,9 @@ class StallFreeScheduler:
         # Exercise 2.3: set the request's status to FINISHED, remove it from self.active_pool, and
         # give its blocks back with self.kv_cache_manager.free(request).
         # TODO: Exercise 2.3: write your code here, then delete the raise below.
-        raise NotImplementedError("Exercise 2.3 (Free blocks on completion): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._finish.")
+        raise NotImplementedError(
+            "Exercise 2.3 (Free blocks on completion): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._finish."
+        )
         self.finished.append(request)
 
     def has_unfinished_requests(self) -> bool:

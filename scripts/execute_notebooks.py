@@ -1,6 +1,6 @@
 """Execute notebooks in place against the reference solutions, so their stored outputs are the reference's.
 
-    python scripts/execute_notebooks.py notebooks/03_paged_allocator.ipynb [...]   # default: all
+python scripts/execute_notebooks.py notebooks/03_paged_allocator.ipynb [...]   # default: all
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ def execute(path: Path) -> None:
     os.environ["KVCOURSE_SOLUTIONS"] = "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=900, kernel_name="python3", record_timing=False, resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        notebook,
+        timeout=900,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
     nbformat.write(notebook, path)
     print(f"executed {path.relative_to(ROOT)}")
 

@@ -116,7 +116,7 @@ def paged_decode_attention(
     # BEGIN SOLUTION 5.2
     for b in range(query.shape[0]):
         seq_len = int(seq_lens[b])
-        keys = gather_kv(key_cache, block_tables[b], seq_len).float()      # [S, H, D]
+        keys = gather_kv(key_cache, block_tables[b], seq_len).float()  # [S, H, D]
         values = gather_kv(value_cache, block_tables[b], seq_len).float()  # [S, H, D]
         scores = torch.einsum("hd,shd->hs", query[b].float(), keys) * scale
         weights = torch.softmax(scores, dim=-1)
@@ -156,7 +156,9 @@ def paged_attention(
         start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
         if end - start > int(seq_lens[b]):
             raise ValueError(f"sequence {b} has {end - start} queries but only {int(seq_lens[b])} tokens in the cache.")
-        out[start:end] = _chunk_attention(query[start:end], key_cache, value_cache, block_tables[b], int(seq_lens[b]), scale)
+        out[start:end] = _chunk_attention(
+            query[start:end], key_cache, value_cache, block_tables[b], int(seq_lens[b]), scale
+        )
     return out
 
 
@@ -174,12 +176,12 @@ def _chunk_attention(
     # later ones with -inf before the softmax. Compute in float32; return [L, H, D] in query's dtype.
     # BEGIN SOLUTION 5.3
     chunk_len = query.shape[0]
-    keys = gather_kv(key_cache, block_table, seq_len).float()      # [S, H, D]
+    keys = gather_kv(key_cache, block_table, seq_len).float()  # [S, H, D]
     values = gather_kv(value_cache, block_table, seq_len).float()  # [S, H, D]
     scores = torch.einsum("lhd,shd->hls", query.float(), keys) * scale
     query_pos = torch.arange(seq_len - chunk_len, seq_len, device=query.device)
     key_pos = torch.arange(seq_len, device=query.device)
-    future = key_pos[None, :] > query_pos[:, None]                 # [L, S]
+    future = key_pos[None, :] > query_pos[:, None]  # [L, S]
     weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
     return torch.einsum("hls,shd->lhd", weights, values).to(query.dtype)
     # END SOLUTION
@@ -187,15 +189,23 @@ def _chunk_attention(
 
 @jit
 def _paged_decode_kernel(
-    out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
     scale,
-    stride_qb, stride_qh,          # query and out are [B, H, D], contiguous in D
-    stride_cb, stride_cs, stride_ch,  # caches [num_blocks, block_size, H, D], contiguous in D
-    stride_bt,                     # block_tables row stride
-    BLOCK_SIZE: tl.constexpr,      # tokens per cache block
+    stride_qb,
+    stride_qh,  # query and out are [B, H, D], contiguous in D
+    stride_cb,
+    stride_cs,
+    stride_ch,  # caches [num_blocks, block_size, H, D], contiguous in D
+    stride_bt,  # block_tables row stride
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     HEAD_DIM: tl.constexpr,
-    BLOCK_T: tl.constexpr,         # BLOCK_SIZE rounded up to a power of two
-    BLOCK_D: tl.constexpr,         # HEAD_DIM rounded up to a power of two
+    BLOCK_T: tl.constexpr,  # BLOCK_SIZE rounded up to a power of two
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
 ):
     """One program = one (sequence, head): walk its block table with an online softmax."""
     # Exercise 5.4: seq = tl.program_id(0), head = tl.program_id(1). Load the query row
@@ -256,12 +266,23 @@ def triton_paged_decode_attention(
     grid = (batch, heads)
     try:
         _kernel_for(query.device)[grid](
-            out, query, key_cache, value_cache, block_tables, seq_lens, float(scale),
-            query.stride(0), query.stride(1),
-            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            out,
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            float(scale),
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
             block_tables.stride(0),
-            BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
-            BLOCK_T=triton.next_power_of_2(key_cache.shape[1]), BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_SIZE=key_cache.shape[1],
+            HEAD_DIM=head_dim,
+            BLOCK_T=triton.next_power_of_2(key_cache.shape[1]),
+            BLOCK_D=triton.next_power_of_2(head_dim),
         )
     except Exception as error:
         _reraise_stub(error)

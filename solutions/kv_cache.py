@@ -256,7 +256,7 @@ def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[Block
     hashes: list[BlockHash] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hashes[-1] if hashes else None
-        hashes.append(hash_block_tokens(parent, token_ids[start:start + block_size]))
+        hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size]))
     return hashes
     # END SOLUTION
 
@@ -421,7 +421,7 @@ class KVCacheManager:
         hits: list[KVCacheBlock] = []
         for i, block_hash in enumerate(hash_request_tokens(self.block_size, token_ids)):
             start = i * self.block_size
-            block = self.block_pool.get_cached_block(block_hash, token_ids[start:start + self.block_size])
+            block = self.block_pool.get_cached_block(block_hash, token_ids[start : start + self.block_size])
             if block is None:
                 break
             hits.append(block)
@@ -441,8 +441,8 @@ class KVCacheManager:
         while len(hashes) < num_full:
             start = len(hashes) * self.block_size
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, token_ids[start:start + self.block_size]))
-        block_tokens = [token_ids[i * self.block_size:(i + 1) * self.block_size] for i in range(num_done, num_full)]
+            hashes.append(hash_block_tokens(parent, token_ids[start : start + self.block_size]))
+        block_tokens = [token_ids[i * self.block_size : (i + 1) * self.block_size] for i in range(num_done, num_full)]
         self.block_pool.cache_full_blocks(req_blocks[num_done:num_full], hashes[num_done:num_full], block_tokens)
         self.num_cached_block[request.id] = num_full
 

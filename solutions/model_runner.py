@@ -46,8 +46,12 @@ class ModelInputs:
 
     def attention_kwargs(self) -> dict[str, torch.Tensor]:
         """The keyword arguments that reach PagedKVCache.update and the attention function."""
-        return {"slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
-                "seq_lens": self.seq_lens, "query_start_loc": self.query_start_loc}
+        return {
+            "slot_mapping": self.slot_mapping,
+            "block_tables": self.block_tables,
+            "seq_lens": self.seq_lens,
+            "query_start_loc": self.query_start_loc,
+        }
 
 
 def prepare_inputs(

@@ -88,8 +88,14 @@ class JupyterLab:
     also runs the kernel); the server options are appended to it.
     """
 
-    def __init__(self, notebooks: list[Path] = (), env: dict[str, str] | None = None, start_timeout_s: float = 60,
-                 serve_dir: Path | None = None, launcher: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        notebooks: list[Path] = (),
+        env: dict[str, str] | None = None,
+        start_timeout_s: float = 60,
+        serve_dir: Path | None = None,
+        launcher: list[str] | None = None,
+    ) -> None:
         self.notebooks = list(notebooks)
         self.serve_dir = serve_dir
         self.launcher = launcher or [sys.executable, "-m", "jupyterlab"]
@@ -102,7 +108,7 @@ class JupyterLab:
         self._tmp: tempfile.TemporaryDirectory | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
-    def __enter__(self) -> "JupyterLab":
+    def __enter__(self) -> JupyterLab:
         self._tmp = tempfile.TemporaryDirectory(prefix="kvcourse-lab-")
         tmp = Path(self._tmp.name)
         self.root = Path(self.serve_dir) if self.serve_dir is not None else tmp / "root"
@@ -110,9 +116,16 @@ class JupyterLab:
         for notebook in self.notebooks:
             # Without stored outputs: every prompt, output and widget seen later comes from this run.
             (self.root / notebook.name).write_text(json.dumps(without_outputs(notebook), indent=1))
-        dirs = {name: tmp / name.lower() for name in (
-            "JUPYTER_RUNTIME_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR",
-            "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR")}
+        dirs = {
+            name: tmp / name.lower()
+            for name in (
+                "JUPYTER_RUNTIME_DIR",
+                "JUPYTER_CONFIG_DIR",
+                "JUPYTER_DATA_DIR",
+                "JUPYTERLAB_SETTINGS_DIR",
+                "JUPYTERLAB_WORKSPACES_DIR",
+            )
+        }
         for path in dirs.values():
             path.mkdir()
         for plugin, values in LAB_SETTINGS.items():
@@ -126,14 +139,21 @@ class JupyterLab:
         self.log_path = tmp / "jupyterlab.log"
         self._log = self.log_path.open("w")
         command = [
-            *self.launcher, "--no-browser", "--allow-root",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
-            "--ServerApp.open_browser=False", "--LabApp.expose_app_in_browser=True",
+            *self.launcher,
+            "--no-browser",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            "--ServerApp.open_browser=False",
+            "--LabApp.expose_app_in_browser=True",
         ]
         # A new session, so that stopping the server also stops the kernels it started.
-        self.process = subprocess.Popen(command, cwd=self.root, env=env, stdout=self._log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            command, cwd=self.root, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             self._wait_until_up()
         except BaseException:
@@ -145,7 +165,9 @@ class JupyterLab:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise BrowserTestError(f"JupyterLab exited with code {self.process.returncode} at start:\n{self.log_tail()}")
+                raise BrowserTestError(
+                    f"JupyterLab exited with code {self.process.returncode} at start:\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.base_url}/api/status?token={self.token}", timeout=2) as reply:
                     if reply.status == 200:
@@ -153,7 +175,9 @@ class JupyterLab:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.3)
-        raise BrowserTestError(f"JupyterLab did not answer on {self.base_url} within {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
+        raise BrowserTestError(
+            f"JupyterLab did not answer on {self.base_url} within {self.start_timeout_s:.0f} s:\n{self.log_tail()}"
+        )
 
     def __exit__(self, *exc_info) -> None:
         try:
@@ -290,8 +314,12 @@ def open_notebook(page, lab: JupyterLab, name: str, timeout_s: float = 60) -> No
             dialog.locator("button.jp-mod-accept").first.click()
         return "| Idle" in page_state(page)["status"]
 
-    wait_for(kernel_idle, timeout_s, "The kernel becoming idle (status bar '| Idle')",
-             lambda: f"Status bar: {page_state(page)['status']!r}. Server log:\n{lab.log_tail()}")
+    wait_for(
+        kernel_idle,
+        timeout_s,
+        "The kernel becoming idle (status bar '| Idle')",
+        lambda: f"Status bar: {page_state(page)['status']!r}. Server log:\n{lab.log_tail()}",
+    )
     # Fold the file browser away: more room for the notebook in the screenshot.
     current = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
     if current.count():
@@ -307,12 +335,15 @@ def run_all_cells(page, lab: JupyterLab, expected_cells: int, timeout_s: float =
     while True:
         state = page_state(page)
         if state["errors"]:
-            raise BrowserTestError("A cell raised an error while running all cells:\n" + "\n---\n".join(state["errors"]))
+            raise BrowserTestError(
+                "A cell raised an error while running all cells:\n" + "\n---\n".join(state["errors"])
+            )
         if state["numbered"] >= expected_cells and not state["running"] and "| Idle" in state["status"]:
             return state
         if time.monotonic() > deadline:
             raise BrowserTestError(
                 f"Run All Cells did not finish within {timeout_s:.0f} s: {state['numbered']} of {expected_cells} code "
                 f"cells ran, {state['running']} still queued or running; status bar {state['status']!r}; "
-                f"prompts {state['prompts']}.\nServer log:\n{lab.log_tail()}")
+                f"prompts {state['prompts']}.\nServer log:\n{lab.log_tail()}"
+            )
         time.sleep(0.5)

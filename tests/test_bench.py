@@ -7,13 +7,16 @@ import math
 
 import pytest
 
-from kvcourse._solutions import solutions_enabled
+from kvcourse.course.solutions_switch import solutions_enabled
 
 if not solutions_enabled():
-    pytest.skip("the maintainers' tests run against the reference: set KVCOURSE_SOLUTIONS=1 (./course test does)",
-                allow_module_level=True)
+    pytest.skip(
+        "the maintainers' tests run against the reference: set KVCOURSE_SOLUTIONS=1 (./course test does)",
+        allow_module_level=True,
+    )
 
-from kvcourse.bench import kernel, memory, throughput  # noqa: E402
+from kvcourse.bench import kernel, throughput
+from kvcourse.bench import waste as memory
 
 SMALL_MEMORY = {"num_requests": 60, "capacity": 4096, "block_sizes": (1, 16, 64)}
 
@@ -36,14 +39,17 @@ def test_memory_shares_sum_to_one(memory_result: dict) -> None:
 def test_memory_invariants_of_each_scheme(memory_result: dict) -> None:
     b = memory_result["breakdown"]
     assert b["oracle"]["internal_fragmentation"] == 0, "the oracle reserves exactly the final length"
-    assert b["paged-1"]["internal_fragmentation"] == 0 and b["paged-1"]["reservation"] == 0, \
+    assert b["paged-1"]["internal_fragmentation"] == 0 and b["paged-1"]["reservation"] == 0, (
         "one-token blocks can hold nothing but token states"
-    assert b["max"]["internal_fragmentation"] > b["pow2"]["internal_fragmentation"], \
+    )
+    assert b["max"]["internal_fragmentation"] > b["pow2"]["internal_fragmentation"], (
         "reserving the maximum length should waste more than rounding to a power of two"
+    )
     for scheme in memory.CONTIGUOUS:
         assert memory_result["preemptions"][scheme] == 0, "a contiguous reservation never runs out mid-request"
-        assert memory_result["utilization"]["paged-16"] > memory_result["utilization"][scheme], \
+        assert memory_result["utilization"]["paged-16"] > memory_result["utilization"][scheme], (
             f"paging should keep more of the pool in token states than {scheme}"
+        )
 
 
 def test_memory_study_is_deterministic(memory_result: dict) -> None:
@@ -78,8 +84,16 @@ def test_memory_main_prints_json_last(monkeypatch, capsys, memory_result: dict) 
 
 
 def test_throughput_structure_and_tokens() -> None:
-    small = {"num_requests": 4, "prompt_median": 6, "output_median": 3, "max_len": 32,
-             "max_batch_size": 2, "token_budget": 64, "rounds": 1, "sweep": (8,)}
+    small = {
+        "num_requests": 4,
+        "prompt_median": 6,
+        "output_median": 3,
+        "max_len": 32,
+        "max_batch_size": 2,
+        "token_budget": 64,
+        "rounds": 1,
+        "sweep": (8,),
+    }
     import torch
 
     threads = torch.get_num_threads()

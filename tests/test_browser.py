@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from browser_support import (
     CHROMIUM,
     ERROR_OUTPUT,
@@ -40,6 +39,7 @@ WIDGET_REPR = re.compile(r"BlockTableWidget\((\d+) steps, (\d+) blocks of (\d+) 
 # A live block-table widget: the ipywidgets HTML view holding the grid that kvcourse/widgets.py draws
 # (the static text/html copy in the same output is not shown where the widget renders).
 LIVE_WIDGET = ".jp-OutputArea-output:has(.widget-html-content .kv-widget)"
+
 
 @dataclass(frozen=True)
 class ExpectedWidget:
@@ -85,7 +85,10 @@ def wait_for_step(output, step: int, what: str) -> dict:
     """Wait until the widget's picture and its slider readout both show `step`."""
     return wait_for(
         lambda: (lambda s: s if s["step"] == str(step) and s["readout"] == str(step) else None)(widget_state(output)),
-        10, what, lambda: f"The widget shows {widget_state(output)['step']!r}, its readout {widget_state(output)['readout']!r}.")
+        10,
+        what,
+        lambda: f"The widget shows {widget_state(output)['step']!r}, its readout {widget_state(output)['readout']!r}.",
+    )
 
 
 def check_widget(output, expected: ExpectedWidget, index: int) -> None:
@@ -141,7 +144,9 @@ def save_screenshot(page, output, name: str) -> Path:
 @pytest.mark.timeout(300)
 def test_notebook_03_runs_in_jupyterlab_with_a_live_block_table_widget() -> None:
     if not CHROMIUM.exists():
-        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (.ci/run installs it: apt-get install -y chromium)")
+        pytest.skip(
+            f"Debian's chromium is not installed at {CHROMIUM} (.ci/run installs it: apt-get install -y chromium)"
+        )
     pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (pip install -e .)")
     if not NOTEBOOK.exists():
         pytest.skip(f"{NOTEBOOK.relative_to(ROOT) if NOTEBOOK.is_relative_to(ROOT) else NOTEBOOK} does not exist yet")
@@ -158,9 +163,12 @@ def test_notebook_03_runs_in_jupyterlab_with_a_live_block_table_widget() -> None
             open_notebook(page, lab, NOTEBOOK.name)
             run_all_cells(page, lab, expected_cells=count_code_cells(NOTEBOOK), timeout_s=150)
             outputs = page.locator(LIVE_WIDGET)
-            wait_for(lambda: outputs.count() >= len(expected), 20,
-                     f"{len(expected)} live block-table widget(s) appearing",
-                     lambda: f"{outputs.count()} appeared. Error outputs: {page_state(page)['errors']}")
+            wait_for(
+                lambda: outputs.count() >= len(expected),
+                20,
+                f"{len(expected)} live block-table widget(s) appearing",
+                lambda: f"{outputs.count()} appeared. Error outputs: {page_state(page)['errors']}",
+            )
             assert outputs.count() == len(expected), (
                 f"the page shows {outputs.count()} live block-table widgets; the stored notebook has {len(expected)}."
             )
@@ -185,6 +193,11 @@ def test_notebook_03_runs_in_jupyterlab_with_a_live_block_table_widget() -> None
 
 def test_expected_widgets_reads_the_stored_repr(tmp_path: Path) -> None:
     notebook = tmp_path / "n.ipynb"
-    outputs = [{"output_type": "execute_result", "data": {"text/plain": ["BlockTableWidget(7 steps, 12 blocks of 4 tokens; step 0)"]}}]
+    outputs = [
+        {
+            "output_type": "execute_result",
+            "data": {"text/plain": ["BlockTableWidget(7 steps, 12 blocks of 4 tokens; step 0)"]},
+        }
+    ]
     notebook.write_text(json.dumps({"cells": [{"cell_type": "code", "source": ["w"], "outputs": outputs}]}))
     assert expected_widgets(notebook) == [ExpectedWidget(7, 12, 4, 0)]

@@ -1,4 +1,4 @@
-"""`python -m kvcourse.demo` prints a readable trace and the lesson's four prompts with their outputs."""
+"""`python -m kvcourse.course.demo` prints a readable trace and the lesson's four prompts with their outputs."""
 
 from __future__ import annotations
 
@@ -13,9 +13,24 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_demo_prints_trace_and_outputs():
     env = {**os.environ, "KVCOURSE_SOLUTIONS": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "kvcourse.demo", "--model", "tiny", "--num-blocks", "8", "--block-size", "8",
-         "--token-budget", "24"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "kvcourse.course.demo",
+            "--model",
+            "tiny",
+            "--num-blocks",
+            "8",
+            "--block-size",
+            "8",
+            "--token-budget",
+            "24",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout

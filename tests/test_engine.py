@@ -7,14 +7,16 @@ import random
 import pytest
 import torch
 
-from kvcourse._solutions import solutions_enabled
+from kvcourse.course.solutions_switch import solutions_enabled
 
 if not solutions_enabled():
-    pytest.skip("the maintainers' tests run against the reference: set KVCOURSE_SOLUTIONS=1 (./course test does)",
-                allow_module_level=True)
+    pytest.skip(
+        "the maintainers' tests run against the reference: set KVCOURSE_SOLUTIONS=1 (./course test does)",
+        allow_module_level=True,
+    )
 
-from kvcourse.engine import LLMEngine, hf_greedy  # noqa: E402
-from kvcourse.models import load_gpt2  # noqa: E402
+from kvcourse.engine import LLMEngine, hf_greedy
+from kvcourse.models import load_gpt2
 
 torch.set_num_threads(1)  # tiny matrices: one thread is much faster on a shared 2-core machine
 NEW_TOKENS = 6
@@ -66,13 +68,17 @@ def test_block_size_one_and_chunked_prefill_match(model, expected):
 
 
 def test_prefix_caching_hits_and_matches(model, expected):
-    engine = LLMEngine(model, num_blocks=64, block_size=4, token_budget=64, max_batch_size=4, enable_prefix_caching=True)
+    engine = LLMEngine(
+        model, num_blocks=64, block_size=4, token_budget=64, max_batch_size=4, enable_prefix_caching=True
+    )
     assert engine.generate(SHARED, NEW_TOKENS) == _expected_for(expected, SHARED)
     assert engine.stats.prefix_hit_tokens > 0, "prompts sharing a 21-token prefix should hit the prefix cache"
 
 
 def test_prefix_caching_under_preemption_matches(model, expected):
-    engine = LLMEngine(model, num_blocks=16, block_size=4, token_budget=24, max_batch_size=6, enable_prefix_caching=True)
+    engine = LLMEngine(
+        model, num_blocks=16, block_size=4, token_budget=24, max_batch_size=6, enable_prefix_caching=True
+    )
     assert engine.generate(SHARED, NEW_TOKENS) == _expected_for(expected, SHARED)
     assert engine.stats.preemptions > 0 and engine.stats.prefix_hit_tokens > 0
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcourse.exercises import EXERCISES
-from kvcourse.grade import _import_error_message
-from kvcourse.stubs import StubError, make_stub, solution_files, stale_stubs
+from kvcourse.course.exercises import EXERCISES
+from kvcourse.course.grade import _import_error_message
+from kvcourse.course.stubs import StubError, make_stub, solution_files, stale_stubs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def _grade(*args: str) -> dict[str, dict]:
     """Run the grader in a fresh process (solutions switch off unless --solutions) and index by exercise."""
     env = {k: v for k, v in os.environ.items() if k != "KVCOURSE_SOLUTIONS"}
-    done = subprocess.run([sys.executable, "-m", "kvcourse.grade", "--json", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvcourse.grade", "--json", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return {r["id"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])["results"]}
 
 
@@ -32,7 +38,11 @@ def test_stubs_match_solutions():
 
 
 def test_learner_package_has_no_answers():
-    leaked = [p.name for p in (ROOT / "kvcourse").rglob("*") if p.is_file() and "BEGIN SOLUTION" in p.read_text(errors="ignore")]
+    leaked = [
+        p.name
+        for p in (ROOT / "kvcourse").rglob("*")
+        if p.is_file() and "BEGIN SOLUTION" in p.read_text(errors="ignore")
+    ]
     assert not leaked, f"kvcourse/ ships solution regions: {leaked}"
 
 
@@ -40,28 +50,38 @@ def test_every_exercise_has_a_region_and_every_region_an_exercise():
     regions = set()
     for path in solution_files():
         regions |= set(re.findall(r"# BEGIN SOLUTION (\d+\.\d+)", path.read_text()))
-    assert regions == set(EXERCISES), f"regions without a registry row or rows without a region: {regions ^ set(EXERCISES)}"
+    assert regions == set(EXERCISES), (
+        f"regions without a registry row or rows without a region: {regions ^ set(EXERCISES)}"
+    )
 
 
 def test_stub_replaces_region_with_todo_and_raise():
-    source = "def f(x):\n    # Exercise 0.1: double it.\n    # BEGIN SOLUTION 0.1\n    return 2 * x\n    # END SOLUTION\n"
+    source = (
+        "def f(x):\n    # Exercise 0.1: double it.\n    # BEGIN SOLUTION 0.1\n    return 2 * x\n    # END SOLUTION\n"
+    )
     stub = make_stub(source, "solutions/memory.py")
     assert "return 2 * x" not in stub
     assert "# Exercise 0.1: double it." in stub
-    assert 'raise NotImplementedError("Exercise 0.1 (KV bytes per token): not written yet: edit kvcourse/memory.py, f.")' in stub
+    assert (
+        'raise NotImplementedError("Exercise 0.1 (KV bytes per token): not written yet: edit kvcourse/memory.py, f.")'
+        in stub
+    )
     namespace: dict = {}
     exec(compile(stub, "stub", "exec"), namespace)
-    with pytest.raises(NotImplementedError, match="Exercise 0.1"):
+    with pytest.raises(NotImplementedError, match=r"Exercise 0\.1"):
         namespace["f"](3)
 
 
-@pytest.mark.parametrize("source, problem", [
-    ("# BEGIN SOLUTION 0.1\nx = 1\n", "never closed"),
-    ("x = 1\n# END SOLUTION\n", "END marker without"),
-    ("# BEGIN SOLUTION 0.1\n# BEGIN SOLUTION 0.2\n# END SOLUTION\n", "inside the region"),
-    ("# BEGIN SOLUTION 9.9\n# END SOLUTION\n", "unknown exercise"),
-    ("# BEGIN SOLUTION\n# END SOLUTION\n", "malformed marker"),
-])
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("# BEGIN SOLUTION 0.1\nx = 1\n", "never closed"),
+        ("x = 1\n# END SOLUTION\n", "END marker without"),
+        ("# BEGIN SOLUTION 0.1\n# BEGIN SOLUTION 0.2\n# END SOLUTION\n", "inside the region"),
+        ("# BEGIN SOLUTION 9.9\n# END SOLUTION\n", "unknown exercise"),
+        ("# BEGIN SOLUTION\n# END SOLUTION\n", "malformed marker"),
+    ],
+)
 def test_unbalanced_or_unknown_markers_are_errors(source, problem):
     with pytest.raises(StubError, match=problem):
         make_stub(source, "solutions/x.py")

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 from reference import load_reference
 
 from kvcourse.request import Request
-
 
 kv = load_reference("kv_cache")
 

@@ -16,11 +16,9 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
 from reference import load_reference
 
 from kvcourse.request import Request
-
 
 KVCacheManager = load_reference("kv_cache").KVCacheManager
 PREFIXES = [[7, 1, 2, 3, 4, 5, 6, 7], [7, 1, 2, 3, 0, 0], [2]]  # shared "system prompts"
@@ -77,8 +75,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # ---- rules ----
 
-    @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 3), max_size=6),
-          data=st.data())
+    @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 3), max_size=6), data=st.data())
     def admit(self, prefix: list[int], suffix: list[int], data) -> None:
         """A new or preempted request is admitted: prefix hits, then a first chunk."""
         if self.waiting and data.draw(st.booleans(), label="resume a preempted request"):
@@ -153,7 +150,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         free = {b.block_id for b in self.manager.block_pool.free_block_queue.get_all_free_blocks()}
         for block in self.manager.block_pool.blocks:
             assert block.ref_cnt == holders[block.block_id], f"block {block.block_id}: ref count != tables holding it"
-            assert (block.ref_cnt == 0) == (block.block_id in free), f"block {block.block_id}: in free queue iff ref 0 broken"
+            assert (block.ref_cnt == 0) == (block.block_id in free), (
+                f"block {block.block_id}: in free queue iff ref 0 broken"
+            )
         assert set(self.manager.req_to_blocks) <= set(self.running), "the manager keeps a table for a finished request"
 
     @invariant()
@@ -163,7 +162,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         size = self.manager.block_size
         for req in self.running.values():
             held = len(self.manager.get_block_ids(req))
-            assert held == -(-req.num_computed_tokens // size), f"request {req.id}: table does not fit its computed tokens"
+            assert held == -(-req.num_computed_tokens // size), (
+                f"request {req.id}: table does not fit its computed tokens"
+            )
 
     @invariant()
     def every_request_reads_its_own_tokens(self) -> None:
@@ -182,7 +183,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         pool = self.manager.block_pool
         for block_hash, block in pool.cached_block_hash_to_block.items():
             assert block.block_hash == block_hash, "the cache maps a hash to a block that has another hash"
-            assert list(block.token_ids) == self.memory[block.block_id], "a cached block's K/V are not its hashed tokens"
+            assert list(block.token_ids) == self.memory[block.block_id], (
+                "a cached block's K/V are not its hashed tokens"
+            )
         for block in pool.blocks:
             if block.block_hash is not None:
                 assert pool.cached_block_hash_to_block.get(block.block_hash) is block, "a hashed block is not published"
@@ -196,7 +199,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         for req in list(self.running.values()):
             self.manager.free(req)
         assert self.manager.get_num_free_blocks() == self.manager.num_blocks, "blocks leaked after all requests ended"
-        assert all(b.ref_cnt == 0 for b in self.manager.block_pool.blocks), "a ref count is left after all requests ended"
+        assert all(b.ref_cnt == 0 for b in self.manager.block_pool.blocks), (
+            "a ref count is left after all requests ended"
+        )
         assert not self.manager.req_to_blocks, "block tables are left after all requests ended"
 
 
@@ -210,8 +215,13 @@ class SharingMachine(AllocatorMachine):
     def fork(self, data) -> None:
         """A running request forks a child that shares every block."""
         parent = self.running[data.draw(st.sampled_from(sorted(self.running)), label="parent")]
-        child = Request(self.next_id, list(parent.prompt_tokens), max_new_tokens=4,
-                        output_tokens=list(parent.output_tokens), num_computed_tokens=parent.num_computed_tokens)
+        child = Request(
+            self.next_id,
+            list(parent.prompt_tokens),
+            max_new_tokens=4,
+            output_tokens=list(parent.output_tokens),
+            num_computed_tokens=parent.num_computed_tokens,
+        )
         self.next_id += 1
         self.manager.fork(parent, child)
         self.running[child.id] = child

@@ -36,8 +36,10 @@ def test_mock_obeys_the_protocol():
     assert isinstance(MockKVCacheManager(4, 4), KVCacheManagerProtocol)
 
 
-@pytest.mark.parametrize("num_blocks, block_size, word", [(0, 4, "num_blocks"), (-1, 4, "num_blocks"),
-                                                          (4, 0, "block_size"), (4, -2, "block_size")])
+@pytest.mark.parametrize(
+    "num_blocks, block_size, word",
+    [(0, 4, "num_blocks"), (-1, 4, "num_blocks"), (4, 0, "block_size"), (4, -2, "block_size")],
+)
 def test_bad_sizes(num_blocks, block_size, word):
     with pytest.raises(ValueError, match=word):
         MockKVCacheManager(num_blocks, block_size)
@@ -56,13 +58,13 @@ def test_negative_token_counts_are_refused():
 def test_exact_block_arithmetic():
     manager = MockKVCacheManager(num_blocks=10, block_size=16)
     r = req()
-    assert len(manager.allocate_slots(r, 15)) == 1          # 15 tokens: 1 block
+    assert len(manager.allocate_slots(r, 15)) == 1  # 15 tokens: 1 block
     r.num_computed_tokens = 15
-    assert len(manager.allocate_slots(r, 1)) == 0           # 16th token fits the block
+    assert len(manager.allocate_slots(r, 1)) == 0  # 16th token fits the block
     r.num_computed_tokens = 16
-    assert len(manager.allocate_slots(r, 1)) == 1           # 17th needs a new block
+    assert len(manager.allocate_slots(r, 1)) == 1  # 17th needs a new block
     r.num_computed_tokens = 17
-    assert len(manager.allocate_slots(r, 32)) == 2          # 49 tokens: 4 blocks in all
+    assert len(manager.allocate_slots(r, 32)) == 2  # 49 tokens: 4 blocks in all
     assert manager.get_block_ids(r) == [0, 1, 2, 3]
     assert manager.get_num_free_blocks() == 6 and manager.usage == pytest.approx(0.4)
 
@@ -76,8 +78,8 @@ def test_all_or_nothing_and_free():
     assert manager.get_block_ids(b) == [] and manager.get_num_free_blocks() == 1
     assert manager.can_allocate(b, 4) and manager.allocate_slots(b, 4).get_block_ids() == [2]
     manager.free(a)
-    manager.free(a)               # twice: harmless
-    manager.free(req(42))         # unknown: harmless
+    manager.free(a)  # twice: harmless
+    manager.free(req(42))  # unknown: harmless
     assert manager.get_num_free_blocks() == 2 and manager.get_block_ids(a) == []
 
 
@@ -101,8 +103,11 @@ def test_verbose_prints_the_lessons_lines(capsys):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 12), st.booleans()), max_size=40),
-       st.integers(1, 12), st.integers(1, 5))
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 12), st.booleans()), max_size=40),
+    st.integers(1, 12),
+    st.integers(1, 5),
+)
 def test_random_operations_keep_counts_exact(ops, num_blocks, block_size):
     manager = MockKVCacheManager(num_blocks, block_size)
     requests = {i: req(i) for i in range(4)}

@@ -19,13 +19,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcourse._solutions import solutions_enabled
+from kvcourse.course.solutions_switch import solutions_enabled
 
 if not solutions_enabled():
-    pytest.skip("the maintainers' tests run against the reference: set KVCOURSE_SOLUTIONS=1 (./course test does)",
-                allow_module_level=True)
+    pytest.skip(
+        "the maintainers' tests run against the reference: set KVCOURSE_SOLUTIONS=1 (./course test does)",
+        allow_module_level=True,
+    )
 
-from kvcourse import attention  # noqa: E402
+from kvcourse import attention
 
 torch.set_num_threads(1)  # tiny tensors: one thread is faster on a shared 2-core machine
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,15 +71,20 @@ def random_sequences(lengths, heads, head_dim, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(block_size=BLOCK_SIZES, lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
-       heads=st.integers(1, 3), head_dim=st.sampled_from([4, 8, 12]), seed=st.integers(0, 2**16))
+@given(
+    block_size=BLOCK_SIZES,
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    heads=st.integers(1, 3),
+    head_dim=st.sampled_from([4, 8, 12]),
+    seed=st.integers(0, 2**16),
+)
 def test_decode_equals_dense(block_size, lengths, heads, head_dim, seed):
     keys, values, gen = random_sequences(lengths, heads, head_dim, seed)
     key_cache, value_cache, tables = paged_from_sequences(keys, values, block_size, seed)
     query = torch.randn(len(lengths), heads, head_dim, generator=gen)
     got = attention.paged_decode_attention(query, key_cache, value_cache, tables, torch.tensor(lengths), scale=0.3)
     for b in range(len(lengths)):
-        expected = dense(query[b:b + 1], keys[b], values[b], None, 0.3)[0]
+        expected = dense(query[b : b + 1], keys[b], values[b], None, 0.3)[0]
         torch.testing.assert_close(got[b], expected, atol=1e-5, rtol=1e-5)
 
 
@@ -92,8 +99,8 @@ def test_mixed_prefill_and_decode_equals_dense(block_size, data, seed):
     starts = torch.tensor([0] + chunks).cumsum(0).to(torch.int32)
     got = attention.paged_attention(query, key_cache, value_cache, tables, torch.tensor(lengths), starts)
     for b, (n, c) in enumerate(zip(lengths, chunks)):
-        expected = dense(query[starts[b]:starts[b + 1]], keys[b], values[b], n - c, 8 ** -0.5)
-        torch.testing.assert_close(got[starts[b]:starts[b + 1]], expected, atol=1e-5, rtol=1e-5)
+        expected = dense(query[starts[b] : starts[b + 1]], keys[b], values[b], n - c, 8**-0.5)
+        torch.testing.assert_close(got[starts[b] : starts[b + 1]], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_mixed_form_with_chunks_of_one_is_the_decode_form():
@@ -122,14 +129,24 @@ def test_write_then_gather_round_trips(block_size, n, seed):
 def test_bad_shapes_are_refused_clearly():
     cache = torch.zeros(4, 3, 2, 8)
     with pytest.raises(ValueError, match="query must be"):
-        attention.paged_decode_attention(torch.zeros(1, 2, 4), cache, cache, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([3]))
+        attention.paged_decode_attention(
+            torch.zeros(1, 2, 4), cache, cache, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([3])
+        )
     with pytest.raises(ValueError, match="seq_len"):
-        attention.paged_decode_attention(torch.zeros(1, 2, 8), cache, cache, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([7]))
+        attention.paged_decode_attention(
+            torch.zeros(1, 2, 8), cache, cache, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([7])
+        )
     with pytest.raises(ValueError, match="slot_mapping"):
         attention.write_to_cache(torch.zeros(2, 2, 8), torch.zeros(2, 2, 8), cache, cache, torch.tensor([1]))
     with pytest.raises(ValueError, match="query_start_loc"):
-        attention.paged_attention(torch.zeros(3, 2, 8), cache, cache, torch.zeros(1, 2, dtype=torch.int32),
-                                  torch.tensor([3]), torch.tensor([0, 2]))
+        attention.paged_attention(
+            torch.zeros(3, 2, 8),
+            cache,
+            cache,
+            torch.zeros(1, 2, dtype=torch.int32),
+            torch.tensor([3]),
+            torch.tensor([0, 2]),
+        )
 
 
 # ----------------------------------------------------------------------------- Triton, interpreted
@@ -153,14 +170,18 @@ def _triton_cases():
     """(name -> kernel arguments, name -> expected) for a few tiny shapes."""
     cases, expected = {}, {}
     for name, block_size, lengths, heads, head_dim, seed in [
-        ("bs1", 1, [1, 4], 1, 4, 0), ("bs3", 3, [2, 7, 9, 3], 2, 8, 1), ("bs16", 16, [17, 5], 2, 12, 2),
+        ("bs1", 1, [1, 4], 1, 4, 0),
+        ("bs3", 3, [2, 7, 9, 3], 2, 8, 1),
+        ("bs16", 16, [17, 5], 2, 12, 2),
         ("one", 3, [10], 3, 16, 3),
     ]:
         keys, values, gen = random_sequences(lengths, heads, head_dim, seed)
         key_cache, value_cache, tables = paged_from_sequences(keys, values, block_size, seed)
         query = torch.randn(len(lengths), heads, head_dim, generator=gen)
         cases[name] = (query, key_cache, value_cache, tables, torch.tensor(lengths), 0.25)
-        expected[name] = torch.stack([dense(query[b:b + 1], keys[b], values[b], None, 0.25)[0] for b in range(len(lengths))])
+        expected[name] = torch.stack(
+            [dense(query[b : b + 1], keys[b], values[b], None, 0.25)[0] for b in range(len(lengths))]
+        )
     return cases, expected
 
 
@@ -171,8 +192,14 @@ def interpreted():
     with tempfile.TemporaryDirectory() as tmp:
         torch.save(cases, f"{tmp}/in.pt")
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        done = subprocess.run([sys.executable, "-c", _INTERPRETED, f"{tmp}/in.pt", f"{tmp}/out.pt"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", _INTERPRETED, f"{tmp}/in.pt", f"{tmp}/out.pt"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return torch.load(f"{tmp}/out.pt"), expected
 
@@ -206,7 +233,10 @@ def test_triton_kernel_compiled_equals_reference(dtype, tol):
     keys, values, gen = random_sequences([1, 17, 300, 64], 12, 64, 7)
     key_cache, value_cache, tables = paged_from_sequences(keys, values, 16, 7)
     query = torch.randn(4, 12, 64, generator=gen)
-    args = [x.cuda() for x in (query.to(dtype), key_cache.to(dtype), value_cache.to(dtype), tables, torch.tensor([1, 17, 300, 64]))]
+    args = [
+        x.cuda()
+        for x in (query.to(dtype), key_cache.to(dtype), value_cache.to(dtype), tables, torch.tensor([1, 17, 300, 64]))
+    ]
     got = attention.triton_paged_decode_attention(*args)
     ref = attention.paged_decode_attention(*args)
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
-
-from kvcourse.kv_cache_interface import MockKVCacheManager
 from reference import load_reference
 
+from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
 from kvcourse.toy import BlindStallFreeScheduler, Deadlock, run, toy_requests
 
@@ -24,9 +23,17 @@ def make(scheduler_module, **sizes):
     return scheduler_module.StallFreeScheduler(sizes.get("budget", 16), sizes.get("batch", 4), manager)
 
 
-@pytest.mark.parametrize("budget, batch, word", [(0, 4, "token_budget"), (-3, 4, "token_budget"),
-                                                 (16, 0, "max_batch_size"), (16, -1, "max_batch_size"),
-                                                 (2.5, 4, "token_budget"), (True, 4, "token_budget")])
+@pytest.mark.parametrize(
+    "budget, batch, word",
+    [
+        (0, 4, "token_budget"),
+        (-3, 4, "token_budget"),
+        (16, 0, "max_batch_size"),
+        (16, -1, "max_batch_size"),
+        (2.5, 4, "token_budget"),
+        (True, 4, "token_budget"),
+    ],
+)
 def test_non_positive_sizes_are_refused(scheduler_module, budget, batch, word):
     with pytest.raises(ValueError, match=word):
         make(scheduler_module, budget=budget, batch=batch)

@@ -19,10 +19,9 @@ import math
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
-from kvcourse.kv_cache_interface import MockKVCacheManager
 from reference import load_reference
 
+from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
 from kvcourse.toy import ToyExecutor, block_tables_for, toy_generate
 
@@ -49,20 +48,24 @@ def workloads(draw):
     for _ in range(n):
         keep = draw(st.integers(0, len(shared)))
         own = draw(st.lists(st.integers(0, VOCAB - 1), min_size=0 if keep else 1, max_size=24))
-        requests.append((
-            shared[:keep] + own,
-            draw(st.integers(0, 14)),
-            draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, VOCAB - 1))),  # eos now and then
-            draw(st.integers(0, 6)),
-        ))
+        requests.append(
+            (
+                shared[:keep] + own,
+                draw(st.integers(0, 14)),
+                draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, VOCAB - 1))),  # eos now and then
+                draw(st.integers(0, 6)),
+            )
+        )
     largest = max(math.ceil((len(p) + m) / block_size) for p, m, _, _ in requests)
-    num_blocks = draw(st.one_of(
-        st.just(largest),                                     # barely large enough
-        st.integers(largest, largest + 2),                    # tight
-        st.integers(largest, largest + 6),                    # less tight
-        st.integers(max(1, largest - 3), max(1, largest - 1)),  # too small for some: rejections
-        st.integers(largest, 4 * largest + 8),                # roomy
-    ))
+    num_blocks = draw(
+        st.one_of(
+            st.just(largest),  # barely large enough
+            st.integers(largest, largest + 2),  # tight
+            st.integers(largest, largest + 6),  # less tight
+            st.integers(max(1, largest - 3), max(1, largest - 1)),  # too small for some: rejections
+            st.integers(largest, 4 * largest + 8),  # roomy
+        )
+    )
     return {
         "requests": requests,
         "block_size": block_size,
@@ -84,7 +87,9 @@ def _check_running(scheduler, manager, block_size: int) -> None:
     prefilling = [r for r in running if not r.is_prefill_done() and r.num_uncomputed_tokens > 0]
     assert len(prefilling) <= 1, "more than one chunked prefill in progress"
     for request in scheduler.waiting_queue:
-        assert request.num_computed_tokens == 0 and manager.get_block_ids(request) == [], "a waiting request holds blocks"
+        assert request.num_computed_tokens == 0 and manager.get_block_ids(request) == [], (
+            "a waiting request holds blocks"
+        )
 
 
 def _drive(scheduler_module, make_manager, workload) -> tuple[list[Request], object, object]:
@@ -129,13 +134,17 @@ def _check_outcome(requests, scheduler, manager, workload) -> None:
     for request in requests:
         never_fits = math.ceil((len(request.prompt_tokens) + request.max_new_tokens) / block_size) > num_blocks
         if never_fits:
-            assert request.status is RequestStatus.REJECTED and request.reason, "a request that never fits was not rejected"
+            assert request.status is RequestStatus.REJECTED and request.reason, (
+                "a request that never fits was not rejected"
+            )
             assert request.output_tokens == [], "a rejected request produced tokens"
             continue
         assert request.status is RequestStatus.FINISHED, f"request {request.id} ended {request.status}"
         expected = toy_generate(request.prompt_tokens, request.max_new_tokens, VOCAB, request.eos_token_id)
         assert request.output_tokens == expected, f"request {request.id}'s outputs differ from an unconstrained run"
-    assert sorted(r.id for r in scheduler.rejected) == sorted(r.id for r in requests if r.status is RequestStatus.REJECTED)
+    assert sorted(r.id for r in scheduler.rejected) == sorted(
+        r.id for r in requests if r.status is RequestStatus.REJECTED
+    )
     assert sum(r.num_preemptions for r in requests) == scheduler.num_preemptions, "preemption counts disagree"
     assert manager.get_num_free_blocks() == num_blocks, "blocks are still held at the end"
     assert not scheduler.active_pool and not scheduler.waiting_queue, "requests are left over"
@@ -168,7 +177,10 @@ def test_the_tightest_cache_still_finishes_everything(lengths, max_new_tokens, b
     num_blocks = max(math.ceil((n + max_new_tokens) / block_size) for n in lengths)
     workload = {
         "requests": [([(7 * i + j) % VOCAB for j in range(n)], max_new_tokens, None, 0) for i, n in enumerate(lengths)],
-        "block_size": block_size, "num_blocks": num_blocks, "token_budget": budget, "max_batch_size": len(lengths),
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "token_budget": budget,
+        "max_batch_size": len(lengths),
     }
     requests, scheduler, manager = _drive(scheduler_module, MockKVCacheManager, workload)
     _check_outcome(requests, scheduler, manager, workload)

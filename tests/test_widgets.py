@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
-
 from reference import load_reference
 
 from kvcourse.request import Request
-from kvcourse.widgets import (
+from kvcourse.viz.widgets import (
     CACHED_FREE,
     FREE,
     USED,
@@ -23,7 +22,6 @@ from kvcourse.widgets import (
     request_color,
     snapshot,
 )
-
 
 # ------------------------------------------------------------------------------------------------
 # A tiny scripted paged manager, so these tests do not depend on the exercise code.
@@ -135,9 +133,7 @@ def test_recorder_as_on_step_callback_labels_each_iteration() -> None:
     running = Request(id=7, prompt_tokens=[1, 2, 3], max_new_tokens=2, num_computed_tokens=3)
     waiting = Request(id=2, prompt_tokens=[1], max_new_tokens=1)
     manager.take(running, [2, 1])
-    scheduler = SimpleNamespace(
-        kv_cache_manager=manager, active_pool={7: running}, waiting_queue=deque([waiting])
-    )
+    scheduler = SimpleNamespace(kv_cache_manager=manager, active_pool={7: running}, waiting_queue=deque([waiting]))
     batch = [SimpleNamespace(request_id=7, tokens=[3], is_decode=False)]
     recorder = Recorder()
     recorder(1, batch, scheduler)
@@ -262,7 +258,7 @@ def test_snapshot_of_the_reference_manager() -> None:
 
 def test_record_run_with_the_reference_scheduler() -> None:
     kv_cache, scheduler_module = load_reference("kv_cache"), load_reference("scheduler")
-    from kvcourse.widgets import record_run
+    from kvcourse.viz.widgets import record_run
 
     manager = kv_cache.KVCacheManager(num_blocks=12, block_size=4)
     scheduler = scheduler_module.StallFreeScheduler(token_budget=16, max_batch_size=4, kv_cache_manager=manager)
@@ -297,12 +293,14 @@ def test_snapshot_shows_the_reference_prefix_cache_sharing_and_cached_free_block
     done = snapshot(manager, [a, b])
     _consistent(done, 8)
     assert done.count(CACHED_FREE) == 2 and done.count(USED) == 0
-    assert list(done.eviction_order) == [blk.block_id for blk in manager.block_pool.free_block_queue.get_all_free_blocks()]
+    assert list(done.eviction_order) == [
+        blk.block_id for blk in manager.block_pool.free_block_queue.get_all_free_blocks()
+    ]
     assert 'data-state="cached-free"' in render_html(done) and "next reused" in render_html(done)
 
 
 def test_long_batches_are_summarised_in_the_label() -> None:
-    from kvcourse.widgets import describe_batch
+    from kvcourse.viz.widgets import describe_batch
 
     batch = [SimpleNamespace(request_id=i, tokens=[1], is_decode=i > 0) for i in range(8)]
     assert describe_batch(batch) == "1 prefill chunk, 7 decodes"

@@ -7,15 +7,18 @@ import sys
 
 STUDIES = {
     "allocator": "allocation time per block as the pool grows (O(1) check)",
-    "memory": "share of reserved KV memory that holds token states, per scheme",
+    "waste": "share of reserved KV memory that holds token states, per scheme (alias: memory)",
     "throughput": "tokens per second: HF static batches, HF continuous batching, kvcourse",
     "kernel": "decode attention time and bandwidth: Triton, gather reference, SDPA",
 }
+ALIASES = {"memory": "waste"}  # the study's earlier name
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one study; each study parses its own --quick / --json."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ALIASES:
+        argv = [ALIASES[argv[0]], *argv[1:]]
     if not argv or argv[0] not in STUDIES:
         print("usage: python -m kvcourse.bench {" + ",".join(STUDIES) + "} [--quick] [--json]\n")
         for name, what in STUDIES.items():

@@ -76,8 +76,9 @@ def _time_per_block(pool, reps: int) -> float:
     return elapsed / (reps * BATCH) * 1e6
 
 
-def _measure(make: Callable[[int], object], sizes: Sequence[int], reps: Callable[[int], int], rounds: int,
-             desc: str) -> dict[int, float]:
+def _measure(
+    make: Callable[[int], object], sizes: Sequence[int], reps: Callable[[int], int], rounds: int, desc: str
+) -> dict[int, float]:
     """Best-of-`rounds` time per block at every size, sizes interleaved within each round."""
     pools = {n: make(n) for n in progress(sizes, f"{desc}: building pools")}
     best = {n: float("inf") for n in sizes}
@@ -100,8 +101,13 @@ def run(quick: bool, _sizes: Sequence[int] = SIZES) -> dict:
     # Many short measurements, keep the best: a busy machine interrupts some, never all of them.
     paged = _measure(lambda n: _busy_pool(kv_cache, n), _sizes, lambda n: PAGED_REPS, _rounds(quick)[0], "paged")
     naive_budget = 2e6 if quick else 1e7  # flag-list entries scanned per timed measurement
-    naive = _measure(lambda n: NaiveAllocator(n, min(FREE_WINDOW, n // 2)), _sizes,
-                     lambda n: max(1, int(naive_budget // (n * BATCH))), _rounds(quick)[1], "naive")
+    naive = _measure(
+        lambda n: NaiveAllocator(n, min(FREE_WINDOW, n // 2)),
+        _sizes,
+        lambda n: max(1, int(naive_budget // (n * BATCH))),
+        _rounds(quick)[1],
+        "naive",
+    )
     smallest, largest = min(_sizes), max(_sizes)
     return {
         "device": device_name(),
@@ -141,8 +147,10 @@ def main(argv: list[str] | None = None, *, _sizes: Sequence[int] = SIZES) -> int
     try:
         result = run(args.quick, _sizes=_sizes)
     except NotImplementedError as error:
-        print(f"{error}\nFinish exercises 3.1 and 3.2 first, or measure the reference: "
-              "KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench allocator")
+        print(
+            f"{error}\nFinish exercises 3.1 and 3.2 first, or measure the reference: "
+            "KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench allocator"
+        )
         return 1
     print(report(result))
     emit(result, args.json)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from kvcourse.bench.common import device_name, emit, parse_args, progress
 from kvcourse.bench.throughput import pinned_threads
@@ -56,9 +56,15 @@ def make_inputs(batch: int, context: int, dtype, device: str, seed: int = 0) -> 
     tables = torch.randperm(num_blocks, generator=gen, device=device).view(batch, per_seq).to(torch.int32)
     query = torch.randn((batch, HEADS, HEAD_DIM), generator=gen, device=device, dtype=dtype)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    return {"query": query, "key_cache": key_cache, "value_cache": value_cache,
-            "block_tables": tables, "seq_lens": seq_lens,
-            "k": _contiguous(key_cache, tables, context), "v": _contiguous(value_cache, tables, context)}
+    return {
+        "query": query,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_tables": tables,
+        "seq_lens": seq_lens,
+        "k": _contiguous(key_cache, tables, context),
+        "v": _contiguous(value_cache, tables, context),
+    }
 
 
 def _contiguous(cache, tables, context: int):
@@ -77,8 +83,10 @@ def methods(cuda: bool) -> dict[str, Callable[[dict], object]]:
     def paged(fn):
         return lambda x: fn(x["query"], x["key_cache"], x["value_cache"], x["block_tables"], x["seq_lens"])
 
-    table = {"reference": paged(paged_decode_attention),
-             "sdpa": lambda x: F.scaled_dot_product_attention(x["query"].unsqueeze(2), x["k"], x["v"]).squeeze(2)}
+    table = {
+        "reference": paged(paged_decode_attention),
+        "sdpa": lambda x: F.scaled_dot_product_attention(x["query"].unsqueeze(2), x["k"], x["v"]).squeeze(2),
+    }
     if cuda:
         table = {"triton": paged(triton_paged_decode_attention), **table}
     return table
@@ -129,8 +137,14 @@ def measure_point(batch: int, context: int, cuda: bool, quick: bool, fns: dict) 
     kv_bytes = 2 * batch * context * HEADS * HEAD_DIM * x["key_cache"].element_size()
     repeats = (20 if cuda else 3) if quick else (50 if cuda else 7)
     expected = fns["sdpa"](x).float()
-    row = {"batch": batch, "context": context, "kv_bytes": kv_bytes,
-           "seconds": {}, "bytes_per_s": {}, "max_abs_diff": {}}
+    row = {
+        "batch": batch,
+        "context": context,
+        "kv_bytes": kv_bytes,
+        "seconds": {},
+        "bytes_per_s": {},
+        "max_abs_diff": {},
+    }
     for name, fn in fns.items():
         row["max_abs_diff"][name] = float((fn(x).float() - expected).abs().max())
         seconds = time_call(lambda fn=fn: fn(x), cuda, repeats)
@@ -139,8 +153,13 @@ def measure_point(batch: int, context: int, cuda: bool, quick: bool, fns: dict) 
     return row
 
 
-def run(quick: bool = True, *, batches: tuple[int, ...] | None = None, contexts: tuple[int, ...] | None = None,
-        threads: int | None = None) -> dict:
+def run(
+    quick: bool = True,
+    *,
+    batches: tuple[int, ...] | None = None,
+    contexts: tuple[int, ...] | None = None,
+    threads: int | None = None,
+) -> dict:
     """Time every method over the grid; on a GPU also report the fraction of peak bandwidth."""
     os.environ.setdefault("KVCOURSE_SOLUTIONS", "1")
     import torch
@@ -159,17 +178,29 @@ def run(quick: bool = True, *, batches: tuple[int, ...] | None = None, contexts:
         row["fraction_of_copy"] = {m: bw / copy_bw for m, bw in row["bytes_per_s"].items()}
         if peak:
             row["fraction_of_peak"] = {m: bw / peak for m, bw in row["bytes_per_s"].items()}
-    return {"device": device, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "study": "kernel",
-            "cuda": cuda, "dtype": "float16" if cuda else "float32",
-            "heads": HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK_SIZE, "methods": list(fns),
-            "copy_bytes_per_s": copy_bw, "spec_peak_bytes_per_s": peak, "rows": rows,
-            "triton": "timed" if cuda else "skipped: needs CUDA (the CPU interpreter would time Python, not memory)"}
+    return {
+        "device": device,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "study": "kernel",
+        "cuda": cuda,
+        "dtype": "float16" if cuda else "float32",
+        "heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "block_size": BLOCK_SIZE,
+        "methods": list(fns),
+        "copy_bytes_per_s": copy_bw,
+        "spec_peak_bytes_per_s": peak,
+        "rows": rows,
+        "triton": "timed" if cuda else "skipped: needs CUDA (the CPU interpreter would time Python, not memory)",
+    }
 
 
 def print_table(result: dict) -> None:
     """One line per (batch, context): time and GB/s per method."""
-    print(f"kernel study on {result['device']} ({result['dtype']}, {result['heads']} heads x {result['head_dim']}, "
-          f"block size {result['block_size']}); copy bandwidth {result['copy_bytes_per_s'] / 1e9:.1f} GB/s")
+    print(
+        f"kernel study on {result['device']} ({result['dtype']}, {result['heads']} heads x {result['head_dim']}, "
+        f"block size {result['block_size']}); copy bandwidth {result['copy_bytes_per_s'] / 1e9:.1f} GB/s"
+    )
     if not result["cuda"]:
         print("Triton kernel: skipped, it needs CUDA (on a CPU only its interpreter runs, which times Python).")
     peak = result.get("spec_peak_bytes_per_s")
@@ -177,8 +208,11 @@ def print_table(result: dict) -> None:
     head = " ".join(f"{m + ' ms':>13} {m + ' GB/s':>14}{peak_head}" for m in result["methods"])
     print(f"{'batch':>5} {'context':>7} {'KV MB':>7} {head}")
     for row in result["rows"]:
-        cells = " ".join(f"{row['seconds'][m] * 1e3:>13.3f} {row['bytes_per_s'][m] / 1e9:>14.2f}"
-                         + (f" {row['bytes_per_s'][m] / peak:>6.1%}" if peak else "") for m in result["methods"])
+        cells = " ".join(
+            f"{row['seconds'][m] * 1e3:>13.3f} {row['bytes_per_s'][m] / 1e9:>14.2f}"
+            + (f" {row['bytes_per_s'][m] / peak:>6.1%}" if peak else "")
+            for m in result["methods"]
+        )
         print(f"{row['batch']:>5} {row['context']:>7} {row['kv_bytes'] / 1e6:>7.1f} {cells}")
     if peak:
         print(f"% peak: of the spec-sheet bandwidth, {peak / 1e12:.2f} TB/s")

@@ -28,7 +28,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from kvcourse.bench.common import device_name, emit, parse_args, progress
 
@@ -69,10 +69,16 @@ class Settings:
 def settings(quick: bool, cuda: bool) -> Settings:
     """CPU quick: the tiny GPT-2 (seconds, not minutes); CPU full: GPT-2 small; GPU: more, longer requests."""
     if cuda:
-        return (Settings("gpt2", 64, 64, 96, 512, 32, 2048, 16, 2, (8, 16, 32))
-                if quick else Settings("gpt2", 256, 128, 192, 1024, 64, 4096, 16, 3, (8, 16, 32, 64)))
-    return (Settings("tiny", 24, 16, 16, 128, 8, 256, 16, 2, (8, 32))
-            if quick else Settings("gpt2", 32, 32, 24, 128, 8, 512, 16, 2, (8, 16, 32, 64)))
+        return (
+            Settings("gpt2", 64, 64, 96, 512, 32, 2048, 16, 2, (8, 16, 32))
+            if quick
+            else Settings("gpt2", 256, 128, 192, 1024, 64, 4096, 16, 3, (8, 16, 32, 64))
+        )
+    return (
+        Settings("tiny", 24, 16, 16, 128, 8, 256, 16, 2, (8, 32))
+        if quick
+        else Settings("gpt2", 32, 32, 24, 128, 8, 512, 16, 2, (8, 16, 32, 64))
+    )
 
 
 def make_workload(s: Settings, seed: int = 0, vocab: int = 50257) -> Workload:
@@ -98,15 +104,16 @@ def hf_static(model, work: Workload, s: Settings) -> list[list[int]]:
 
     outputs = []
     for start in range(0, len(work.prompts), s.max_batch_size):
-        prompts = work.prompts[start:start + s.max_batch_size]
-        lens = work.output_lens[start:start + s.max_batch_size]
+        prompts = work.prompts[start : start + s.max_batch_size]
+        lens = work.output_lens[start : start + s.max_batch_size]
         width = max(map(len, prompts))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max(lens),
-                                 eos_token_id=None, pad_token_id=0)
-        outputs += [row[width:width + n].tolist() for row, n in zip(out, lens)]
+            out = model.generate(
+                ids, attention_mask=mask, do_sample=False, max_new_tokens=max(lens), eos_token_id=None, pad_token_id=0
+            )
+        outputs += [row[width : width + n].tolist() for row, n in zip(out, lens)]
     return outputs
 
 
@@ -116,11 +123,16 @@ def hf_continuous(model, work: Workload, s: Settings) -> list[list[int]]:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     config = GenerationConfig(do_sample=False, max_new_tokens=max(work.output_lens), eos_token_id=None, pad_token_id=0)
-    cb = ContinuousBatchingConfig(page_size=s.block_size, num_blocks=num_blocks_for(s, s.block_size),
-                                  max_batch_tokens=s.token_budget, max_requests_per_batch=s.max_batch_size)
+    cb = ContinuousBatchingConfig(
+        page_size=s.block_size,
+        num_blocks=num_blocks_for(s, s.block_size),
+        max_batch_tokens=s.token_budget,
+        max_requests_per_batch=s.max_batch_size,
+    )
     results = {}
-    with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb,
-                                                   block=True, timeout=30, warmup=False) as manager:
+    with model.continuous_batching_context_manager(
+        generation_config=config, continuous_batching_config=cb, block=True, timeout=30, warmup=False
+    ) as manager:
         ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(work.prompts, work.output_lens)]
         while len(results) < len(ids):
             result = manager.get_result(timeout=1)
@@ -138,8 +150,14 @@ def kvcourse_engine(attention: str, block_size: int | None = None) -> Callable:
         from kvcourse.engine import LLMEngine
 
         size = block_size or s.block_size
-        engine = LLMEngine(model, num_blocks=num_blocks_for(s, size), block_size=size, token_budget=s.token_budget,
-                           max_batch_size=s.max_batch_size, attention=attention)
+        engine = LLMEngine(
+            model,
+            num_blocks=num_blocks_for(s, size),
+            block_size=size,
+            token_budget=s.token_budget,
+            max_batch_size=s.max_batch_size,
+            attention=attention,
+        )
         # generate() takes one max_new_tokens for all: queue each request with its own, then step.
         requests = [engine.add_request(list(p), n) for p, n in zip(work.prompts, work.output_lens)]
         while engine.scheduler.has_unfinished_requests():
@@ -185,8 +203,9 @@ def measure(fns: dict[str, Callable], model, work: Workload, s: Settings, cuda: 
 def agreement(outputs: dict[str, list[list[int]]], reference: str = "hf_continuous") -> dict[str, float]:
     """Share of requests whose tokens equal the reference's (greedy decoding: they should agree)."""
     ref = outputs[reference]
-    return {name: sum(a == b for a, b in zip(out, ref)) / len(ref)
-            for name, out in outputs.items() if name != reference}
+    return {
+        name: sum(a == b for a, b in zip(out, ref)) / len(ref) for name, out in outputs.items() if name != reference
+    }
 
 
 @contextlib.contextmanager
@@ -203,8 +222,9 @@ def pinned_threads(threads: int | None, quick: bool, cuda: bool) -> Iterator[Non
         torch.set_num_threads(before)
 
 
-def run(quick: bool = True, *, threads: int | None = None, sweep: bool = True, seed: int = 0,
-        overrides: dict | None = None) -> dict:
+def run(
+    quick: bool = True, *, threads: int | None = None, sweep: bool = True, seed: int = 0, overrides: dict | None = None
+) -> dict:
     """Time every system on one workload; ratios to hf_static; kvcourse against block size."""
     os.environ.setdefault("KVCOURSE_SOLUTIONS", "1")
     import torch
@@ -224,7 +244,9 @@ def run(quick: bool = True, *, threads: int | None = None, sweep: bool = True, s
         seconds, outputs = measure(fns, model, work, s, cuda)
         device = device_name()
     return summarize(s, work, seconds, outputs, cuda, sweep, seed) | {
-        "device": device, "pretrained": bool(getattr(model, "is_pretrained", False))}
+        "device": device,
+        "pretrained": bool(getattr(model, "is_pretrained", False)),
+    }
 
 
 def summarize(s: Settings, work: Workload, seconds: dict, outputs: dict, cuda: bool, sweep: bool, seed: int) -> dict:
@@ -234,11 +256,18 @@ def summarize(s: Settings, work: Workload, seconds: dict, outputs: dict, cuda: b
     sizes = sorted({*s.sweep, s.block_size}) if sweep else []
     sweep_tps = {str(b): tps["kvcourse" if b == s.block_size else f"kvcourse_block_{b}"] for b in sizes}
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "study": "throughput", "model": s.model,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "study": "throughput",
+        "model": s.model,
         "settings": s.__dict__ | {"sweep": list(s.sweep)},
-        "workload": {"requests": len(work.prompts), "prompt_tokens": sum(map(len, work.prompts)),
-                     "useful_output_tokens": work.useful_tokens, "longest_prompt": max(map(len, work.prompts)),
-                     "longest_output": max(work.output_lens), "seed": seed},
+        "workload": {
+            "requests": len(work.prompts),
+            "prompt_tokens": sum(map(len, work.prompts)),
+            "useful_output_tokens": work.useful_tokens,
+            "longest_prompt": max(map(len, work.prompts)),
+            "longest_output": max(work.output_lens),
+            "seed": seed,
+        },
         "seconds": {n: seconds[n] for n in main_names},
         "tokens_per_s": {n: tps[n] for n in main_names},
         "ratio_to_hf_static": {n: tps[n] / tps["hf_static"] for n in main_names},
@@ -257,9 +286,11 @@ def ordered(names) -> list[str]:
 def print_table(result: dict) -> None:
     """Tokens per second per system and the ratio to static batching; then the block-size sweep."""
     w, st = result["workload"], result["settings"]
-    print(f"throughput study on {result['device']}: {result['model']} "
-          f"({'pretrained' if result['pretrained'] else 'seeded random weights'}), {w['requests']} requests, "
-          f"{w['prompt_tokens']} prompt + {w['useful_output_tokens']} output tokens, batch {st['max_batch_size']}")
+    print(
+        f"throughput study on {result['device']}: {result['model']} "
+        f"({'pretrained' if result['pretrained'] else 'seeded random weights'}), {w['requests']} requests, "
+        f"{w['prompt_tokens']} prompt + {w['useful_output_tokens']} output tokens, batch {st['max_batch_size']}"
+    )
     print(f"{'system':<16} {'tokens/s':>9} {'x hf_static':>11}")
     for name in ordered(result["tokens_per_s"]):
         print(f"{name:<16} {result['tokens_per_s'][name]:>9.1f} {result['ratio_to_hf_static'][name]:>11.2f}")
@@ -278,7 +309,7 @@ def plot(result: dict, ax=None):
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
     names = ordered(result["tokens_per_s"])
     colors = ["#b0b0b0", "#8fb8de", "#4c956c", "#2d6a4f", "#74a57f"]
-    bars = ax.bar(names, [result["tokens_per_s"][n] for n in names], color=colors[:len(names)])
+    bars = ax.bar(names, [result["tokens_per_s"][n] for n in names], color=colors[: len(names)])
     ax.bar_label(bars, labels=[f"{result['ratio_to_hf_static'][n]:.2f}x" for n in names])
     title = f"throughput: {result['model']} on {result['device']}\n{result['date'][:10]}"
     ax.set(ylabel="output tokens / s", title=title)
@@ -294,8 +325,13 @@ def plot_sweep(result: dict, ax=None):
     sweep = result["block_size_sweep"]["tokens_per_s"]
     sizes = sorted(int(b) for b in sweep)
     ax.plot(sizes, [sweep[str(b)] for b in sizes], "o-", color="#2d6a4f")
-    ax.set(xscale="log", xlabel="block size (tokens)", ylabel="kvcourse output tokens / s", ylim=(0, None),
-           title="throughput vs block size")
+    ax.set(
+        xscale="log",
+        xlabel="block size (tokens)",
+        ylabel="kvcourse output tokens / s",
+        ylim=(0, None),
+        title="throughput vs block size",
+    )
     ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.minorticks_off()
     return ax

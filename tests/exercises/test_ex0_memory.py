@@ -11,7 +11,9 @@ from kvcourse.models import gpt2_config
 @pytest.mark.ex0_1
 def test_gpt2_small_fp16():
     got = kv_bytes_per_token(gpt2_config("gpt2"), torch.float16)
-    assert got == 36_864, "GPT-2 small in fp16 came out wrong: count K and V, in every layer, times the bytes of one element"
+    assert got == 36_864, (
+        "GPT-2 small in fp16 came out wrong: count K and V, in every layer, times the bytes of one element"
+    )
 
 
 @pytest.mark.ex0_1

@@ -6,6 +6,8 @@ instead of calling `add_request`, so that they do not depend on Exercise 2.5.
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
@@ -30,11 +32,21 @@ def queue(scheduler: StallFreeScheduler, *requests: Request) -> None:
     scheduler.waiting_queue.extend(requests)
 
 
-def decoding(scheduler: StallFreeScheduler, manager: MockKVCacheManager, request_id: int,
-             prompt_len: int, outputs: list[int], max_new_tokens: int = 50) -> Request:
+def decoding(
+    scheduler: StallFreeScheduler,
+    manager: MockKVCacheManager,
+    request_id: int,
+    prompt_len: int,
+    outputs: list[int],
+    max_new_tokens: int = 50,
+) -> Request:
     """A running request past its prefill: everything but its newest token cached, blocks held."""
-    request = Request(id=request_id, prompt_tokens=prompt(prompt_len, 100 * request_id + 1),
-                      max_new_tokens=max_new_tokens, output_tokens=list(outputs))
+    request = Request(
+        id=request_id,
+        prompt_tokens=prompt(prompt_len, 100 * request_id + 1),
+        max_new_tokens=max_new_tokens,
+        output_tokens=list(outputs),
+    )
     assert manager.allocate_slots(request, request.num_tokens - 1) is not None
     request.num_computed_tokens = request.num_tokens - 1
     request.status = RequestStatus.RUNNING
@@ -72,8 +84,8 @@ def test_decode_feeds_the_newest_token_at_the_next_position():
 @pytest.mark.ex2_1
 def test_decode_takes_a_new_block_only_at_a_block_boundary():
     scheduler, manager = make(num_blocks=20, block_size=4)
-    at_boundary = decoding(scheduler, manager, 0, prompt_len=7, outputs=[5, 6])   # 8 cached: blocks full
-    inside = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5, 6])        # 9 cached: room left
+    at_boundary = decoding(scheduler, manager, 0, prompt_len=7, outputs=[5, 6])  # 8 cached: blocks full
+    inside = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5, 6])  # 9 cached: room left
     free_before = manager.get_num_free_blocks()
     batch = scheduler.schedule_next_batch()
     assert len(batch) == 2, "both running requests should decode"
@@ -88,8 +100,9 @@ def test_decodes_stay_within_the_token_budget_oldest_first():
     requests = [decoding(scheduler, manager, i, prompt_len=5, outputs=[9]) for i in range(3)]
     batch = scheduler.schedule_next_batch()
     assert sum(len(s.tokens) for s in batch) <= 2, "the batch went over the token budget"
-    assert [s.request_id for s in batch] == [requests[0].id, requests[1].id], \
+    assert [s.request_id for s in batch] == [requests[0].id, requests[1].id], (
         "decodes should go in admission order until the budget is spent"
+    )
     assert requests[2].num_computed_tokens == requests[2].num_tokens - 1, "an unscheduled decode must not advance"
 
 
@@ -101,12 +114,14 @@ def test_admission_schedules_the_whole_prompt_when_the_budget_allows():
     queue(scheduler, request)
     batch = scheduler.schedule_next_batch()
     assert len(batch) == 1 and not batch[0].is_decode, "a new request should get one prefill chunk"
-    assert batch[0].tokens == request.prompt_tokens and batch[0].position_ids_start == 0, \
+    assert batch[0].tokens == request.prompt_tokens and batch[0].position_ids_start == 0, (
         "the first chunk should be the prompt from position 0"
+    )
     assert batch[0].samples_token, "the chunk that completes the prompt must sample the first output token"
     assert request.status is RequestStatus.RUNNING, "an admitted request should be RUNNING"
-    assert scheduler.active_pool.get(0) is request and not scheduler.waiting_queue, \
+    assert scheduler.active_pool.get(0) is request and not scheduler.waiting_queue, (
         "an admitted request moves from the waiting queue to active_pool"
+    )
     assert len(manager.get_block_ids(request)) == 2, "the prompt's blocks were not allocated (or too many were)"
 
 
@@ -120,8 +135,9 @@ def test_a_long_prompt_is_chunked_and_continued():
         batch = scheduler.schedule_next_batch()
         assert len(batch) == 1, "the request should get one prefill chunk per step"
         seq = batch[0]
-        assert seq.tokens == request.prompt_tokens[seq.position_ids_start: seq.position_ids_start + len(seq.tokens)], \
+        assert seq.tokens == request.prompt_tokens[seq.position_ids_start : seq.position_ids_start + len(seq.tokens)], (
             "a chunk's tokens should be the prompt tokens at its positions"
+        )
         starts.append(seq.position_ids_start)
         held.append(len(manager.get_block_ids(request)))
         samples.append(seq.samples_token)
@@ -135,7 +151,7 @@ def test_a_long_prompt_is_chunked_and_continued():
 def test_admission_takes_the_request_that_fits_not_the_head():
     scheduler, manager = make(num_blocks=10, block_size=4)
     hold_blocks(manager, 28)  # 7 of 10 blocks taken by someone else
-    big = Request(id=0, prompt_tokens=prompt(16), max_new_tokens=4)   # needs 4 blocks now
+    big = Request(id=0, prompt_tokens=prompt(16), max_new_tokens=4)  # needs 4 blocks now
     small = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=4)  # needs 1 block now
     queue(scheduler, big, small)
     batch = scheduler.schedule_next_batch()
@@ -154,8 +170,9 @@ def test_failed_admission_changes_nothing():
     batch = scheduler.schedule_next_batch()
     assert batch == [], "nothing fits, so nothing should be scheduled"
     assert list(scheduler.waiting_queue) == [request] and not scheduler.active_pool, "the request should keep waiting"
-    assert manager.get_num_free_blocks() == 1 and manager.get_block_ids(request) == [], \
+    assert manager.get_num_free_blocks() == 1 and manager.get_block_ids(request) == [], (
         "a failed admission must not hold any block"
+    )
 
 
 @pytest.mark.ex2_2
@@ -163,7 +180,7 @@ def test_admission_uses_prefix_cache_hits():
     class HitManager(MockKVCacheManager):
         """A mock that reports the first 8 tokens as cached and records allocate_slots calls."""
 
-        calls: list = []
+        calls: typing.ClassVar[list] = []
 
         def get_computed_blocks(self, request):
             return KVCacheBlocks.empty(), 8
@@ -205,8 +222,9 @@ def test_a_complete_request_gives_its_blocks_back_and_others_keep_theirs():
     assert done.status is RequestStatus.FINISHED, "a request with all its tokens should be FINISHED"
     assert done.id not in scheduler.active_pool, "a finished request should leave active_pool"
     assert manager.get_block_ids(done) == [], "a finished request's blocks should be freed"
-    assert going.status is RequestStatus.RUNNING and len(manager.get_block_ids(going)) == 2, \
+    assert going.status is RequestStatus.RUNNING and len(manager.get_block_ids(going)) == 2, (
         "an unfinished request must keep its blocks"
+    )
     assert manager.get_num_free_blocks() == 16 - 2, "the free-block count is off after freeing"
 
 
@@ -224,7 +242,7 @@ def test_end_of_sequence_token_finishes_and_frees():
 
 @pytest.mark.ex2_3
 def test_freed_blocks_let_the_next_request_run():
-    scheduler, manager = make(num_blocks=4, block_size=4)   # room for one request at a time
+    scheduler, manager = make(num_blocks=4, block_size=4)  # room for one request at a time
     requests = toy_requests([13, 13], max_new_tokens=3, seed=3)
     run_all(scheduler, requests)
     for request in requests:
@@ -239,8 +257,9 @@ def test_one_token_request_finishes_after_its_prefill():
     request = Request(id=0, prompt_tokens=prompt(9), max_new_tokens=1)
     trace = run_all(scheduler, [request])
     assert len(trace.steps) == 1, "a request that wants one token should finish in the step that prefills it"
-    assert request.status is RequestStatus.FINISHED and len(request.output_tokens) == 1, \
+    assert request.status is RequestStatus.FINISHED and len(request.output_tokens) == 1, (
         "the prefill's sampled token should finish the request"
+    )
     assert manager.get_num_free_blocks() == manager.num_blocks, "its blocks should be freed"
 
 
@@ -262,8 +281,9 @@ def test_preemption_picks_the_most_recently_admitted_and_frees_it():
     victim = scheduler._preempt_most_recent()
     assert victim is running[2], "the victim should be the most recently admitted running request"
     assert victim.id not in scheduler.active_pool, "the victim should leave the running set"
-    assert manager.get_block_ids(victim) == [] and manager.get_num_free_blocks() == free_before + held, \
+    assert manager.get_block_ids(victim) == [] and manager.get_num_free_blocks() == free_before + held, (
         "the victim's blocks should all be freed"
+    )
     assert victim.num_computed_tokens == 0, "a preempted request keeps nothing in the cache"
     assert victim.status is RequestStatus.PREEMPTED, "the victim's status should say it was preempted"
     assert victim.output_tokens == [1, 2], "generated tokens must be kept (they are recomputed, not lost)"
@@ -274,22 +294,25 @@ def test_preempted_requests_go_to_the_head_of_the_queue_and_are_counted():
     scheduler, _, running, waiting = three_running()
     scheduler._preempt_most_recent()
     scheduler._preempt_most_recent()
-    assert [r.id for r in scheduler.waiting_queue] == [running[1].id, running[2].id, waiting.id], \
+    assert [r.id for r in scheduler.waiting_queue] == [running[1].id, running[2].id, waiting.id], (
         "preempted requests should wait at the head of the queue, ahead of new ones"
-    assert running[2].num_preemptions == 1 and running[1].num_preemptions == 1, \
+    )
+    assert running[2].num_preemptions == 1 and running[1].num_preemptions == 1, (
         "each preempted request should count its preemption"
+    )
     assert scheduler.num_preemptions == 2, "the scheduler should count every preemption"
 
 
 @pytest.mark.ex2_4
 def test_a_decode_without_memory_preempts_the_newest_request():
     scheduler, manager = make(num_blocks=4, block_size=4)
-    older = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])   # 8 cached: 2 full blocks
-    newer = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])   # 8 cached: 2 full blocks
+    older = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
+    newer = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
     batch = scheduler.schedule_next_batch()
     assert [s.request_id for s in batch] == [older.id], "the older request should decode after preempting the newer"
-    assert newer.status is RequestStatus.PREEMPTED and scheduler.waiting_queue[0] is newer, \
+    assert newer.status is RequestStatus.PREEMPTED and scheduler.waiting_queue[0] is newer, (
         "the newer request should be preempted and wait at the head of the queue"
+    )
     assert len(manager.get_block_ids(older)) == 3, "the older request should get the block it needed"
 
 
@@ -300,8 +323,9 @@ def test_the_newest_request_steps_back_itself():
     request = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
     batch = scheduler.schedule_next_batch()
     assert batch == [], "nothing can run while someone else holds the memory"
-    assert request.status is RequestStatus.PREEMPTED and list(scheduler.waiting_queue) == [request], \
+    assert request.status is RequestStatus.PREEMPTED and list(scheduler.waiting_queue) == [request], (
         "the request should preempt itself rather than run without memory"
+    )
     assert manager.get_num_free_blocks() == 2, "its blocks should be freed"
 
 
@@ -313,8 +337,9 @@ def test_preemption_loses_nothing():
     assert scheduler.num_preemptions > 0, "this workload should need preemption (memory is tight)"
     for request in requests:
         assert request.status is RequestStatus.FINISHED, "every request should finish despite preemptions"
-        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), \
+        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), (
             "a preempted request's outputs differ from an unconstrained run"
+        )
     assert sum(r.num_preemptions for r in requests) == scheduler.num_preemptions, "preemption counts disagree"
     assert manager.get_num_free_blocks() == 12, "all blocks should be free at the end"
 
@@ -359,6 +384,7 @@ def test_a_rejected_request_does_not_stop_the_others():
     assert too_big.status is RequestStatus.REJECTED, "the request that can never fit should be REJECTED"
     for request in (ok_a, ok_b):
         assert request.status is RequestStatus.FINISHED, "requests that fit should still finish"
-        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), \
+        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), (
             "a request's outputs are wrong"
+        )
     assert manager.get_num_free_blocks() == 6, "all blocks should be free at the end"

@@ -52,7 +52,9 @@ def test_popleft_unlinks_the_block():
     assert block.prev_free_block is None and block.next_free_block is None, (
         "a block taken out of the queue should have both pointers set to None"
     )
-    assert queue.fake_head.next_free_block.block_id == 1, "after popleft the head sentinel should point at the next block"
+    assert queue.fake_head.next_free_block.block_id == 1, (
+        "after popleft the head sentinel should point at the next block"
+    )
 
 
 @pytest.mark.ex3_1
@@ -132,7 +134,9 @@ def test_queue_matches_a_simple_model():
 def test_get_new_blocks_takes_from_the_front():
     pool = BlockPool(6)
     blocks = pool.get_new_blocks(4)
-    assert [b.block_id for b in blocks] == [0, 1, 2, 3], "get_new_blocks should take blocks from the front of the free queue"
+    assert [b.block_id for b in blocks] == [0, 1, 2, 3], (
+        "get_new_blocks should take blocks from the front of the free queue"
+    )
     assert all(b.ref_cnt == 1 for b in blocks), "a newly handed-out block should have exactly one holder"
     assert pool.get_num_free_blocks() == 2, "the free count should drop by the number of blocks handed out"
 
@@ -193,7 +197,9 @@ def test_prompt_gets_ceil_blocks():
     req = request(1, 10)
     new = manager.allocate_slots(req, 10)
     assert new is not None, "allocate_slots should succeed when enough blocks are free"
-    assert len(manager.get_block_ids(req)) == 3, "a prompt got the wrong number of blocks: ceil(tokens / block_size), a partial block counts"
+    assert len(manager.get_block_ids(req)) == 3, (
+        "a prompt got the wrong number of blocks: ceil(tokens / block_size), a partial block counts"
+    )
     assert new.get_block_ids() == manager.get_block_ids(req), "a first allocation should return all the new blocks"
     assert manager.get_num_free_blocks() == 7, "the free count should drop by the blocks handed out"
 

@@ -64,7 +64,9 @@ def test_chain_covers_full_blocks_only():
     hashes = hash_request_tokens(4, tokens)
     assert len(hashes) == 2, "the chain should have one hash per FULL block; a partial last block gets none"
     assert hashes[0] == hash_block_tokens(None, tokens[0:4]), "the first block's parent should be None"
-    assert hashes[1] == hash_block_tokens(hashes[0], tokens[4:8]), "each block's parent should be the previous block's hash"
+    assert hashes[1] == hash_block_tokens(hashes[0], tokens[4:8]), (
+        "each block's parent should be the previous block's hash"
+    )
     assert len(hash_request_tokens(4, tokens[:8])) == 2, "a sequence that ends on a block boundary hashes every block"
     assert hash_request_tokens(4, tokens[:3]) == [], "fewer tokens than a block give no hash"
 
@@ -115,7 +117,9 @@ def test_second_request_hits_the_shared_prefix():
     second = request(2, SYSTEM + [7, 8])
     hits, num_tokens = manager.get_computed_blocks(second)
     assert num_tokens == 12, "every full block of the shared prefix should be a hit"
-    assert hits.get_block_ids() == manager.get_block_ids(first)[:3], "the hits should be the first request's own blocks, in order"
+    assert hits.get_block_ids() == manager.get_block_ids(first)[:3], (
+        "the hits should be the first request's own blocks, in order"
+    )
 
 
 @pytest.mark.ex4_2
@@ -123,7 +127,9 @@ def test_last_token_is_always_recomputed():
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     admit(manager, request(1, SYSTEM))
     hits, num_tokens = manager.get_computed_blocks(request(2, SYSTEM))
-    assert num_tokens == 8, "an identical prompt must not hit the block holding its last token: that token is always recomputed"
+    assert num_tokens == 8, (
+        "an identical prompt must not hit the block holding its last token: that token is always recomputed"
+    )
     assert len(hits) == 2, "the number of hit blocks should match the tokens they hold"
 
 
@@ -145,7 +151,9 @@ def test_cached_blocks_after_a_miss_are_not_hits():
     pool.cache_full_blocks(blocks[1:], hashes[1:], [SYSTEM[4:8], SYSTEM[8:12]])  # the first block was evicted
     pool.free_blocks(blocks)
     hits, num_tokens = manager.get_computed_blocks(request(2, SYSTEM + [0]))
-    assert num_tokens == 0, "after a miss, later blocks must not be hits even if they are cached (stop at the first miss)"
+    assert num_tokens == 0, (
+        "after a miss, later blocks must not be hits even if they are cached (stop at the first miss)"
+    )
 
 
 @pytest.mark.ex4_2
@@ -218,7 +226,9 @@ def test_hits_on_freed_blocks_leave_the_free_queue():
     assert admit(manager, second) == 12, "blocks of a finished request should still be hits"
     assert manager.get_block_ids(second)[:3] == shared, "the hits should be the freed request's blocks"
     assert not set(shared) & set(free_ids(manager)), "blocks taken as hits must leave the free queue"
-    assert manager.get_num_free_blocks() == 4, "taking hits on free blocks should lower the free count by the hits plus the new blocks"
+    assert manager.get_num_free_blocks() == 4, (
+        "taking hits on free blocks should lower the free count by the hits plus the new blocks"
+    )
 
 
 @pytest.mark.ex4_3
@@ -230,7 +240,9 @@ def test_everything_comes_back_after_sharing():
     for req in reqs:
         manager.free(req)
     assert manager.get_num_free_blocks() == 12, "after all requests end, every block should be free"
-    assert all(b.ref_cnt == 0 for b in manager.block_pool.blocks), "after all requests end, no block should have a holder"
+    assert all(b.ref_cnt == 0 for b in manager.block_pool.blocks), (
+        "after all requests end, no block should have a holder"
+    )
 
 
 # ---- 4.4 free and LRU eviction -----------------------------------------------------------
@@ -290,7 +302,9 @@ def forked_pair(manager: KVCacheManager, num_tokens: int) -> tuple[Request, Requ
 def test_fork_shares_every_block():
     manager = KVCacheManager(num_blocks=8, block_size=4)
     parent, child = forked_pair(manager, 6)
-    assert manager.get_block_ids(child) == manager.get_block_ids(parent), "a fork should share every block of the parent"
+    assert manager.get_block_ids(child) == manager.get_block_ids(parent), (
+        "a fork should share every block of the parent"
+    )
     assert all(b.ref_cnt == 2 for b in manager.get_blocks(parent).blocks), "every shared block should have two holders"
     assert manager.get_num_free_blocks() == 6, "a fork should not take any new block"
 
@@ -333,7 +347,9 @@ def test_copy_needs_a_free_block():
     parent, child = forked_pair(manager, 6)
     assert manager.allocate_slots(child, 1) is None, "a copy-on-write with no free block should fail"
     assert manager.take_pending_copies() == [], "a failed allocation must not report a copy"
-    assert all(b.ref_cnt == 2 for b in manager.get_blocks(child).blocks), "a failed allocation must not change ref counts"
+    assert all(b.ref_cnt == 2 for b in manager.get_blocks(child).blocks), (
+        "a failed allocation must not change ref counts"
+    )
 
 
 @pytest.mark.ex4_5

@@ -56,7 +56,9 @@ def decode_case(block_size: int, lengths: list[int], seed: int = 0):
     """Arguments for a decode step and its dense answer."""
     key_cache, value_cache, tables, keys, values = make_paged(lengths, block_size, seed=seed)
     query = torch.randn(len(lengths), 2, 8, generator=torch.Generator().manual_seed(seed + 1))
-    expected = torch.stack([dense_attention(query[b:b + 1], keys[b], values[b], None)[0] for b in range(len(lengths))])
+    expected = torch.stack(
+        [dense_attention(query[b : b + 1], keys[b], values[b], None)[0] for b in range(len(lengths))]
+    )
     return (query, key_cache, value_cache, tables, torch.tensor(lengths)), expected
 
 
@@ -70,7 +72,9 @@ def test_write_to_cache_puts_each_token_at_its_slot():
     attention.write_to_cache(keys, values, key_cache, value_cache, slots)
     for t, slot in enumerate(slots.tolist()):
         block, offset = divmod(slot, 4)
-        assert torch.equal(key_cache[block, offset], keys[t]), "a key did not land in its slot (block id * block_size + offset)"
+        assert torch.equal(key_cache[block, offset], keys[t]), (
+            "a key did not land in its slot (block id * block_size + offset)"
+        )
         assert torch.equal(value_cache[block, offset], values[t]), "a value did not land in its slot"
 
 
@@ -84,7 +88,9 @@ def test_write_to_cache_changes_nothing_else_and_works_in_place():
     touched[[4, 11]] = True
     flat_k, flat_v = key_cache.view(12, -1), value_cache.view(12, -1)
     assert (flat_k[touched] == 0).all() and (flat_v[touched] == 0).all(), "the given slots were not written in place"
-    assert (flat_k[~touched] == 7).all() and (flat_v[~touched] == 7).all(), "slots that were not in slot_mapping changed"
+    assert (flat_k[~touched] == 7).all() and (flat_v[~touched] == 7).all(), (
+        "slots that were not in slot_mapping changed"
+    )
 
 
 # ----------------------------------------------------------------------------- 5.2
@@ -102,7 +108,9 @@ def test_paged_decode_attention_equals_dense_attention(block_size, lengths):
     args, expected = decode_case(block_size, lengths)
     got = attention.paged_decode_attention(*args)
     assert got.shape == expected.shape, "the output should have the query's shape [B, H, D]"
-    assert torch.allclose(got, expected, atol=1e-5), "paged decode attention differs from attention over the same keys and values"
+    assert torch.allclose(got, expected, atol=1e-5), (
+        "paged decode attention differs from attention over the same keys and values"
+    )
 
 
 @pytest.mark.ex5_2
@@ -121,10 +129,12 @@ def mixed_case(block_size: int, lengths: list[int], chunks: list[int], seed: int
     starts = [0]
     for n in chunks:
         starts.append(starts[-1] + n)
-    expected = torch.cat([
-        dense_attention(query[starts[b]:starts[b + 1]], keys[b], values[b], lengths[b] - chunks[b])
-        for b in range(len(lengths))
-    ])
+    expected = torch.cat(
+        [
+            dense_attention(query[starts[b] : starts[b + 1]], keys[b], values[b], lengths[b] - chunks[b])
+            for b in range(len(lengths))
+        ]
+    )
     args = (query, key_cache, value_cache, tables, torch.tensor(lengths), torch.tensor(starts, dtype=torch.int32))
     return args, expected
 
@@ -133,7 +143,9 @@ def mixed_case(block_size: int, lengths: list[int], chunks: list[int], seed: int
 def test_paged_attention_fresh_prefill_is_causal():
     args, expected = mixed_case(4, [6], [6])
     got = attention.paged_attention(*args)
-    assert torch.allclose(got, expected, atol=1e-5), "a prefill of a new prompt must attend causally (each token to itself and earlier ones)"
+    assert torch.allclose(got, expected, atol=1e-5), (
+        "a prefill of a new prompt must attend causally (each token to itself and earlier ones)"
+    )
 
 
 @pytest.mark.ex5_3
@@ -169,8 +181,14 @@ def triton_results():
     with tempfile.TemporaryDirectory() as tmp:
         torch.save({name: args for name, (args, _) in cases.items()}, f"{tmp}/in.pt")
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        done = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, f"{tmp}/in.pt", f"{tmp}/out.pt"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", _TRITON_SCRIPT, f"{tmp}/in.pt", f"{tmp}/out.pt"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"the Triton check could not run: {done.stderr.strip().splitlines()[-1:]}")
         results = torch.load(f"{tmp}/out.pt")
@@ -194,7 +212,9 @@ def test_triton_kernel_equals_dense_attention(triton_results, name):
     got = _triton_output(triton_results, name)
     expected = triton_results[name][1]
     assert torch.isfinite(got).all(), "the kernel wrote NaN or infinity (check the online-softmax rescaling and masks)"
-    assert torch.allclose(got, expected, atol=1e-5), "the Triton kernel differs from attention over the same keys and values"
+    assert torch.allclose(got, expected, atol=1e-5), (
+        "the Triton kernel differs from attention over the same keys and values"
+    )
 
 
 # ----------------------------------------------------------------------------- 5.5
@@ -218,9 +238,13 @@ def _batch():
 def test_positions_start_where_the_cache_ends():
     batch, tables = _batch()
     inputs = prepare_inputs(batch, tables, block_size=4)
-    assert inputs.input_ids.tolist() == [11, 20, 21, 22, 23, 24, 30, 31], "input_ids should be every scheduled token, sequence after sequence"
+    assert inputs.input_ids.tolist() == [11, 20, 21, 22, 23, 24, 30, 31], (
+        "input_ids should be every scheduled token, sequence after sequence"
+    )
     assert inputs.positions.tolist()[:1] == [9], "a decode's position should be the number of tokens already cached"
-    assert inputs.positions.tolist()[1:6] == [2, 3, 4, 5, 6], "a chunk's positions should continue from its cached prefix"
+    assert inputs.positions.tolist()[1:6] == [2, 3, 4, 5, 6], (
+        "a chunk's positions should continue from its cached prefix"
+    )
     assert inputs.positions.tolist()[6:] == [0, 1], "a new prompt's positions should start at 0"
 
 
@@ -230,8 +254,12 @@ def test_slots_follow_the_block_tables():
     inputs = prepare_inputs(batch, tables, block_size=4)
     slots = inputs.slot_mapping.tolist()
     assert len(slots) == 8, "there should be one slot per scheduled token"
-    assert slots[0] == 2 * 4 + 1, "the decode's slot is wrong (physical block from the table, times block_size, plus offset)"
-    assert slots[1:6] == [6 * 4 + 2, 6 * 4 + 3, 1 * 4 + 0, 1 * 4 + 1, 1 * 4 + 2], "a chunk crossing a block boundary got the wrong slots"
+    assert slots[0] == 2 * 4 + 1, (
+        "the decode's slot is wrong (physical block from the table, times block_size, plus offset)"
+    )
+    assert slots[1:6] == [6 * 4 + 2, 6 * 4 + 3, 1 * 4 + 0, 1 * 4 + 1, 1 * 4 + 2], (
+        "a chunk crossing a block boundary got the wrong slots"
+    )
     assert slots[6:] == [5 * 4 + 0, 5 * 4 + 1], "a new prompt's slots are wrong"
 
 
@@ -239,8 +267,12 @@ def test_slots_follow_the_block_tables():
 def test_lengths_starts_and_sample_positions():
     batch, tables = _batch()
     inputs = prepare_inputs(batch, tables, block_size=4)
-    assert inputs.seq_lens.tolist() == [10, 7, 2], "seq_lens should count each sequence's tokens in the cache after this step"
-    assert inputs.query_start_loc.tolist() == [0, 1, 6, 8], "query_start_loc should mark where each sequence's tokens start"
+    assert inputs.seq_lens.tolist() == [10, 7, 2], (
+        "seq_lens should count each sequence's tokens in the cache after this step"
+    )
+    assert inputs.query_start_loc.tolist() == [0, 1, 6, 8], (
+        "query_start_loc should mark where each sequence's tokens start"
+    )
     assert inputs.logits_indices.tolist() == [0, 5, 7], "logits_indices should point at each sequence's last token"
     assert inputs.block_tables.shape == (3, 3), "block_tables should be [B, longest table]"
 
@@ -256,9 +288,11 @@ def test_runner_reproduces_hugging_face_greedy():
     expected = hf_greedy(model, prompt, 4)
     runner = ModelRunner(model, num_blocks=8, block_size=4)
     table = {0: [5, 2, 7, 0]}
-    out = runner.execute([Seq(0, prompt[:5], False, 0)], table)          # a first chunk
-    out = runner.execute([Seq(0, prompt[5:], False, 5)], table)          # the rest of the prompt
+    out = runner.execute([Seq(0, prompt[:5], False, 0)], table)  # a first chunk
+    out = runner.execute([Seq(0, prompt[5:], False, 5)], table)  # the rest of the prompt
     tokens = [out[0]]
     for _ in range(3):
         tokens.append(runner.execute([Seq(0, [tokens[-1]], True, len(prompt) + len(tokens) - 1)], table)[0])
-    assert tokens == expected, "GPT-2 through your runner and the paged cache chose different tokens than Hugging Face's generate"
+    assert tokens == expected, (
+        "GPT-2 through your runner and the paged cache chose different tokens than Hugging Face's generate"
+    )

@@ -8,9 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from kvcourse.exercises import EXERCISE_MODULES
+from kvcourse.course.exercises import EXERCISE_MODULES
 
-SOLUTIONS_DIR = Path(__file__).resolve().parent.parent / "solutions"
+SOLUTIONS_DIR = Path(__file__).resolve().parents[2] / "solutions"
 
 
 def solutions_enabled() -> bool:

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvcourse.exercises import get
+from kvcourse.course.exercises import get
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ICONS = {"correct": "✅", "incorrect": "❌", "not attempted": "⏳", "skipped": "⏭️"}
 
 
@@ -54,7 +54,7 @@ def check(exercise_id: str) -> None:
 
 def _reference_note() -> str:
     """Say so when the code graded is the reference, not the learner's (KVCOURSE_SOLUTIONS=1)."""
-    from kvcourse._solutions import solutions_enabled
+    from kvcourse.course.solutions_switch import solutions_enabled
 
     return " (graded on the reference solutions: KVCOURSE_SOLUTIONS=1)" if solutions_enabled() else ""
 
@@ -67,7 +67,10 @@ def hint(exercise_id: str) -> None:
 
 def solution(exercise_id: str) -> None:
     """Print the reference code for one exercise, from solutions/."""
-    from kvcourse.stubs import BEGIN_MARK, END_MARK  # imported late: `python -m kvcourse.stubs` must not find it loaded
+    from kvcourse.course.stubs import (  # imported late: `python -m kvcourse.stubs` must not find it loaded
+        BEGIN_MARK,
+        END_MARK,
+    )
 
     exercise = get(exercise_id)
     source = (ROOT / "solutions" / f"{exercise.module}.py").read_text()
@@ -96,7 +99,8 @@ class Progress:
         )
         done = sum(r["status"] == "correct" for r in self.results)
         return (
-            f"<p>{_reference_note().strip(' ()')}</p>" * bool(_reference_note())
+            f"<p>{_reference_note().strip(' ()')}</p>"
+            * bool(_reference_note())
             + "<table><thead><tr><th>exercise</th><th>title</th><th>tests</th><th>status</th></tr></thead>"
             f"<tbody>{cells}</tbody></table><p>{done} of {len(self.results)} exercises correct.</p>"
         )

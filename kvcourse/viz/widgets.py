@@ -29,8 +29,22 @@ from kvcourse.request import Request
 
 # A qualitative palette (Tableau 10 + 6): request i is always drawn in PALETTE[i % len(PALETTE)].
 PALETTE = (
-    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-    "#9c755f", "#2f4b7c", "#a05195", "#008080", "#d45087", "#665191", "#bcbd22", "#17becf",
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#2f4b7c",
+    "#a05195",
+    "#008080",
+    "#d45087",
+    "#665191",
+    "#bcbd22",
+    "#17becf",
 )
 CACHED_COLOR = "#b8b8b8"
 USED, FREE, CACHED_FREE = "used", "free", "cached-free"
@@ -394,8 +408,7 @@ def _summary_html(snap: Snapshot, step: int | None, num_steps: int | None) -> st
     cached = snap.count(CACHED_FREE)
     parts = [
         f"<b>{html.escape(snap.label)}</b>" if snap.label else "",
-        f"free <b>{snap.num_free_blocks}</b> / {snap.num_blocks} blocks"
-        + (f" ({cached} cached)" if cached else ""),
+        f"free <b>{snap.num_free_blocks}</b> / {snap.num_blocks} blocks" + (f" ({cached} cached)" if cached else ""),
         f"usage <b>{snap.usage:.1%}</b>",
         f"block size {snap.block_size}",
     ]
@@ -514,9 +527,9 @@ def _check_snapshots(snapshots: tuple[Snapshot, ...]) -> None:
 
 
 __all__ = [
+    "PALETTE",
     "BlockState",
     "BlockTableWidget",
-    "PALETTE",
     "Recorder",
     "Snapshot",
     "describe_batch",

