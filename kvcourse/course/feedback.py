@@ -59,10 +59,20 @@ def _reference_note() -> str:
     return " (graded on the reference solutions: KVCOURSE_SOLUTIONS=1)" if solutions_enabled() else ""
 
 
-def hint(exercise_id: str) -> None:
-    """Print the exercise's hint (it never gives the answer away)."""
+def hint(exercise_id: str, level: int = 1) -> None:
+    """Print a nudge (level 1) or the approach in words (level 2); neither gives the code away."""
     exercise = get(exercise_id)
-    print(f"Hint for Exercise {exercise.id} ({exercise.title}): {exercise.hint}")
+    if level not in (1, 2):
+        raise ValueError(
+            f"hint level {level!r} does not exist: use hint({exercise.id!r}) for a nudge, "
+            f"hint({exercise.id!r}, level=2) for the approach, or solution({exercise.id!r}) for the code."
+        )
+    if level == 1:
+        print(f"Hint for Exercise {exercise.id} ({exercise.title}): {exercise.hint}")
+        print(f"   Still stuck? hint({exercise.id!r}, level=2) gives the approach.")
+    else:
+        print(f"Approach for Exercise {exercise.id} ({exercise.title}): {exercise.approach}")
+        print(f"   The reference code: solution({exercise.id!r}).")
 
 
 def solution(exercise_id: str) -> None:
