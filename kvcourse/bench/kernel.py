@@ -19,7 +19,6 @@ practical ceiling; on a known GPU the spec-sheet peak is given too.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -93,20 +92,31 @@ def methods(cuda: bool) -> dict[str, Callable[[dict], object]]:
 
 
 def time_call(fn: Callable[[], object], cuda: bool, repeats: int, warmup: int = 1) -> float:
-    """Best seconds per call after warm-up: the run least disturbed by other processes (GPU synchronised)."""
-    import torch
+    """Seconds per call, timed with the field's tools: Triton's do_bench on a GPU, torch's Timer on a CPU.
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    `triton.testing.do_bench` synchronises and flushes the L2 cache between runs (so a decode kernel is
+    measured reading K/V from HBM, as in serving); `torch.utils.benchmark.Timer` runs blocks of calls
+    until `repeats` blocks are measured. Both report the median.
+    """
+    if cuda:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=max(1, warmup) * 5, rep=max(repeats, 1) * 10, return_mode="median") / 1e3
+    from torch.utils.benchmark import Timer
+
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return min(samples)
+    measurement = Timer(stmt="fn()", globals={"fn": fn}, num_threads=_threads()).blocked_autorange(
+        min_run_time=0.02 * max(repeats, 1)
+    )
+    return measurement.median
+
+
+def _threads() -> int:
+    """Time with the threads torch uses now (the study may pin them), not Timer's default of one."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def copy_bandwidth(cuda: bool, quick: bool) -> float:
