@@ -1,6 +1,10 @@
-"""Execute notebooks in place against the reference solutions, so their stored outputs are the reference's.
+"""Rebuild notebooks from their .py sources and execute them against the reference solutions.
 
-python scripts/execute_notebooks.py notebooks/03_paged_allocator.ipynb [...]   # default: all
+    python scripts/execute_notebooks.py notebooks/03_paged_allocator.py [...]   # default: all
+
+For each notebook: read the percent-format source `notebooks/NN_*.py` (the one maintainers edit),
+run every cell with KVCOURSE_SOLUTIONS=1 in the notebooks folder, and write `notebooks/NN_*.ipynb`
+with those outputs (what nbval then checks). Pass either the .py or the .ipynb path.
 """
 
 from __future__ import annotations
@@ -9,29 +13,35 @@ import os
 import sys
 from pathlib import Path
 
+import jupytext
 import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
-def execute(path: Path) -> None:
-    """Run every cell with KVCOURSE_SOLUTIONS=1 in the notebooks folder and save the outputs."""
+def execute(source: Path) -> Path:
+    """Execute one notebook's source with the reference solutions and store it, outputs included."""
     os.environ["KVCOURSE_SOLUTIONS"] = "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(
+    notebook = jupytext.read(source)
+    notebook.metadata["kernelspec"] = KERNELSPEC
+    client = NotebookClient(
         notebook,
         timeout=900,
         kernel_name="python3",
         record_timing=False,
-        resources={"metadata": {"path": str(path.parent)}},
-    ).execute()
-    nbformat.write(notebook, path)
-    print(f"executed {path.relative_to(ROOT)}")
+        resources={"metadata": {"path": str(source.parent)}},
+    )
+    client.execute()
+    target = source.with_suffix(".ipynb")
+    nbformat.write(notebook, target)
+    print(f"executed {target.relative_to(ROOT)}")
+    return target
 
 
 if __name__ == "__main__":
-    paths = [Path(p).resolve() for p in sys.argv[1:]] or sorted((ROOT / "notebooks").glob("*.ipynb"))
-    for notebook_path in paths:
-        execute(notebook_path)
+    given = [Path(p).resolve() for p in sys.argv[1:]] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    for path in given:
+        execute(path.with_suffix(".py"))
