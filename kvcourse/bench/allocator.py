@@ -7,7 +7,7 @@ blocks and frees them again. The paged pool's cost per block should not depend o
 (O(1)); the naive one grows with it (O(n)).
 
     python -m kvcourse.bench allocator [--quick] [--json]      # measures YOUR kvcourse/kv_cache.py
-    KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench allocator    # measures the reference solutions/
+    python -m kvcourse.bench allocator --reference             # measures the reference solutions/
 
 Method: pools are built outside the timed region; the garbage collector is paused while timing
 (its full collections walk every block object, which would measure Python, not the allocator);
@@ -20,7 +20,7 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 
-from kvcourse.bench.common import device_name, emit, parse_args, progress
+from kvcourse.bench.common import device_name, emit, not_written, parse_args, progress, run_reference, whose_code
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 BATCH = 16  # blocks allocated, then freed, per repetition
@@ -88,14 +88,10 @@ def _measure(
     return best
 
 
-def _which_allocator(kv_cache) -> str:
-    """Say whose allocator is measured: the learner's or the reference."""
-    path = getattr(kv_cache, "__file__", "") or ""
-    return "the reference (solutions/kv_cache.py)" if "solutions" in path else "yours (kvcourse/kv_cache.py)"
-
-
-def run(quick: bool, _sizes: Sequence[int] = SIZES) -> dict:
-    """Measure both allocators at every size; the dict is the JSON line (notebook 03 plots it)."""
+def run(quick: bool, _sizes: Sequence[int] = SIZES, *, reference: bool = False) -> dict:
+    """Measure both allocators at every size (yours, or with reference=True solutions/); notebook 03 plots it."""
+    if reference:
+        return run_reference("allocator", {"quick": quick, "_sizes": list(_sizes)})
     import kvcourse.kv_cache as kv_cache
 
     # Many short measurements, keep the best: a busy machine interrupts some, never all of them.
@@ -111,7 +107,7 @@ def run(quick: bool, _sizes: Sequence[int] = SIZES) -> dict:
     smallest, largest = min(_sizes), max(_sizes)
     return {
         "device": device_name(),
-        "allocator": _which_allocator(kv_cache),
+        "allocator": whose_code("kv_cache"),
         "quick": quick,
         "per_block_us": {str(n): round(paged[n], 4) for n in _sizes},
         "naive_per_block_us": {str(n): round(naive[n], 4) for n in _sizes},
@@ -145,13 +141,9 @@ def main(argv: list[str] | None = None, *, _sizes: Sequence[int] = SIZES) -> int
     """`python -m kvcourse.bench allocator [--quick] [--json]` (tests pass tiny `_sizes`)."""
     args = parse_args("allocator", __doc__.splitlines()[0], argv)
     try:
-        result = run(args.quick, _sizes=_sizes)
+        result = run(args.quick, _sizes=_sizes, reference=args.reference)
     except NotImplementedError as error:
-        print(
-            f"{error}\nFinish exercises 3.1 and 3.2 first, or measure the reference: "
-            "KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench allocator"
-        )
-        return 1
+        return not_written(error, "allocator")
     print(report(result))
     emit(result, args.json)
     return 0

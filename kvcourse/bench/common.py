@@ -1,15 +1,26 @@
-"""What every benchmark shares: arguments, the device's name, a progress bar, the JSON last line."""
+"""What every benchmark shares: arguments, whose code runs, the device's name, a progress bar, the JSON last line.
+
+Whose code a study measures is an explicit choice: the learner's `kvcourse/` modules by default, the
+reference in `solutions/` with `--reference` / `run(..., reference=True)`. No study touches
+`os.environ`: the reference runs in a child process whose environment alone has KVCOURSE_SOLUTIONS=1,
+because the modules already imported in this process (a notebook's kernel) cannot be swapped safely.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import platform
+import subprocess
 import sys
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(study: str, description: str, argv: list[str] | None) -> argparse.Namespace:
@@ -17,7 +28,61 @@ def parse_args(study: str, description: str, argv: list[str] | None) -> argparse
     parser = argparse.ArgumentParser(prog=f"python -m kvcourse.bench {study}", description=description)
     parser.add_argument("--quick", action="store_true", help="small sizes: finishes in under a minute on a CPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure as the last line")
+    parser.add_argument(
+        "--reference", action="store_true", help="measure the reference solutions/ instead of your kvcourse/"
+    )
     return parser.parse_args(argv)
+
+
+def whose_code(*modules: str) -> str:
+    """Say whose exercise modules this process imports: 'yours (kvcourse/...)' or 'the reference (solutions/...)'."""
+    owners = {}
+    for name in modules:
+        path = Path(getattr(importlib.import_module(f"kvcourse.{name}"), "__file__", "") or "")
+        owners[name] = "solutions" if path.parent.name == "solutions" else "kvcourse"
+    files = ", ".join(f"{owners[m]}/{m}.py" for m in modules)
+    if set(owners.values()) == {"solutions"}:
+        return f"the reference ({files})"
+    if set(owners.values()) == {"kvcourse"}:
+        return f"yours ({files})"
+    return f"mixed ({files})"
+
+
+def run_reference(study: str, arguments: dict) -> dict:
+    """Run `kvcourse.bench.<study>.run(**arguments)` on the reference, in a child process, and return its dict."""
+    arguments = {k: v for k, v in arguments.items() if k != "reference"}
+    code = "from kvcourse.bench.common import _reference_child; _reference_child()"
+    env = {**os.environ, "KVCOURSE_SOLUTIONS": "1"}  # the child's environment only
+    done = subprocess.run(
+        [sys.executable, "-c", code, study],
+        input=json.dumps(arguments),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        raise RuntimeError(
+            f"the {study} study on the reference failed (exit code {done.returncode}):\n{done.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1])
+
+
+def _reference_child() -> None:
+    """Inside the child of run_reference: read the arguments on stdin, print the study's dict as JSON."""
+    study = importlib.import_module(f"kvcourse.bench.{sys.argv[1]}")
+    arguments = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.stdin.read()).items()}
+    print(json.dumps(study.run(**arguments), sort_keys=True))
+
+
+def not_written(error: NotImplementedError, study: str) -> int:
+    """The study stopped at one of the learner's unwritten exercises: say so, and how to measure the reference."""
+    print(
+        f"{error}\nFinish that exercise first, or measure the reference: python -m kvcourse.bench {study} --reference",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def device_name() -> str:

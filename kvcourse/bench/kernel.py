@@ -13,16 +13,15 @@ block tables shuffled so pages are scattered as in a real run):
 The device's own copy bandwidth (a large clone: read + write) is measured in the same run as the
 practical ceiling; on a known GPU the spec-sheet peak is given too.
 
-    KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench kernel --quick --json
+    python -m kvcourse.bench kernel --quick --json [--reference]   # yours, or the reference solutions/
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from kvcourse.bench.common import device_name, emit, parse_args, progress
+from kvcourse.bench.common import device_name, emit, not_written, parse_args, progress, run_reference, whose_code
 from kvcourse.bench.throughput import pinned_threads
 
 HEADS, HEAD_DIM, BLOCK_SIZE = 12, 64, 16  # GPT-2 small
@@ -169,9 +168,11 @@ def run(
     batches: tuple[int, ...] | None = None,
     contexts: tuple[int, ...] | None = None,
     threads: int | None = None,
+    reference: bool = False,
 ) -> dict:
-    """Time every method over the grid; on a GPU also report the fraction of peak bandwidth."""
-    os.environ.setdefault("KVCOURSE_SOLUTIONS", "1")
+    """Time every method over the grid (your attention, or with reference=True solutions/'s); GPU: % of peak."""
+    if reference:
+        return run_reference("kernel", {"quick": quick, "batches": batches, "contexts": contexts, "threads": threads})
     import torch
 
     cuda = torch.cuda.is_available()
@@ -192,6 +193,7 @@ def run(
         "device": device,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "study": "kernel",
+        "code": whose_code("attention"),
         "cuda": cuda,
         "dtype": "float16" if cuda else "float32",
         "heads": HEADS,
@@ -254,7 +256,10 @@ def plot(result: dict):
 def main(argv: list[str] | None = None) -> int:
     """`python -m kvcourse.bench kernel [--quick] [--json]`."""
     args = parse_args("kernel", "decode attention time and bandwidth: Triton, gather reference, SDPA", argv)
-    result = run(quick=args.quick)
+    try:
+        result = run(quick=args.quick, reference=args.reference)
+    except NotImplementedError as error:
+        return not_written(error, "kernel")
     print_table(result)
     emit(result, args.json)
     return 0

@@ -16,21 +16,20 @@ warmed up on a small slice of the workload, then timed on the whole of it, round
 interleaved, keeping each system's best round. The block-size sweep reruns `kvcourse` at other
 block sizes with the same token capacity.
 
-    KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench throughput --quick --json
+    python -m kvcourse.bench throughput --quick --json [--reference]   # yours, or the reference solutions/
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from kvcourse.bench.common import device_name, emit, parse_args, progress
+from kvcourse.bench.common import device_name, emit, not_written, parse_args, progress, run_reference, whose_code
 
 
 @dataclass(frozen=True)
@@ -223,10 +222,18 @@ def pinned_threads(threads: int | None, quick: bool, cuda: bool) -> Iterator[Non
 
 
 def run(
-    quick: bool = True, *, threads: int | None = None, sweep: bool = True, seed: int = 0, overrides: dict | None = None
+    quick: bool = True,
+    *,
+    threads: int | None = None,
+    sweep: bool = True,
+    seed: int = 0,
+    overrides: dict | None = None,
+    reference: bool = False,
 ) -> dict:
-    """Time every system on one workload; ratios to hf_static; kvcourse against block size."""
-    os.environ.setdefault("KVCOURSE_SOLUTIONS", "1")
+    """Time every system on one workload (your engine, or with reference=True solutions/'s); ratios to hf_static."""
+    if reference:
+        arguments = {"quick": quick, "threads": threads, "sweep": sweep, "seed": seed, "overrides": overrides}
+        return run_reference("throughput", arguments)
     import torch
 
     from kvcourse.models import load_gpt2
@@ -246,6 +253,7 @@ def run(
     return summarize(s, work, seconds, outputs, cuda, sweep, seed) | {
         "device": device,
         "pretrained": bool(getattr(model, "is_pretrained", False)),
+        "code": whose_code("scheduler", "kv_cache", "attention", "model_runner"),
     }
 
 
@@ -340,7 +348,10 @@ def plot_sweep(result: dict, ax=None):
 def main(argv: list[str] | None = None) -> int:
     """`python -m kvcourse.bench throughput [--quick] [--json]`."""
     args = parse_args("throughput", "tokens per second: HF static batches, HF continuous batching, kvcourse", argv)
-    result = run(quick=args.quick)
+    try:
+        result = run(quick=args.quick, reference=args.reference)
+    except NotImplementedError as error:
+        return not_written(error, "throughput")
     print_table(result)
     emit(result, args.json)
     return 0

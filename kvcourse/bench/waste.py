@@ -11,20 +11,19 @@ waiting (memory is the bottleneck), each slot of the pool is counted as one of:
 - internal fragmentation: reserved but never used (beyond the request's true final length);
 - external fragmentation (& other): free, yet the next waiting request could not get it.
 
-    KVCOURSE_SOLUTIONS=1 python -m kvcourse.bench waste --quick --json
+    python -m kvcourse.bench waste --quick --json [--reference]   # your KVCacheManager, or the reference's
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import os
 import random
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from kvcourse.bench.common import device_name, emit, parse_args, progress
+from kvcourse.bench.common import device_name, emit, not_written, parse_args, progress, run_reference, whose_code
 
 CONTIGUOUS = ("max", "pow2", "oracle")
 PARTS = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
@@ -243,9 +242,13 @@ def run(
     max_model_len: int = 2048,
     block_sizes: tuple[int, ...] = (1, 8, 16, 32, 64, 128),
     seed: int = 0,
+    reference: bool = False,
 ) -> dict:
-    """Replay the trace through every scheme; deterministic for a given seed and sizes."""
-    os.environ.setdefault("KVCOURSE_SOLUTIONS", "1")
+    """Replay the trace through every scheme (your KVCacheManager, or with reference=True solutions/'s)."""
+    if reference:
+        arguments = {"quick": quick, "num_requests": num_requests, "capacity": capacity}
+        arguments |= {"max_model_len": max_model_len, "block_sizes": list(block_sizes), "seed": seed}
+        return run_reference("waste", arguments)
     if capacity < max_model_len:
         raise ValueError(f"capacity {capacity} is below max_model_len {max_model_len}: a long request could never run.")
     num_requests = num_requests or (300 if quick else 1000)
@@ -261,6 +264,7 @@ def run(
         "device": device_name(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "study": "memory",
+        "code": whose_code("kv_cache"),
         "trace": _trace_summary(trace, seed, capacity, max_model_len),
         "utilization": {s: r["shares"]["token_states"] for s, r in results.items()},
         "breakdown": {s: r["shares"] for s, r in results.items()},
@@ -373,7 +377,10 @@ def plot_block_sizes(result: dict, ax=None):
 def main(argv: list[str] | None = None) -> int:
     """`python -m kvcourse.bench waste [--quick] [--json]`."""
     args = parse_args("waste", "share of reserved KV memory holding token states, per scheme", argv)
-    result = run(quick=args.quick)
+    try:
+        result = run(quick=args.quick, reference=args.reference)
+    except NotImplementedError as error:
+        return not_written(error, "waste")
     print_table(result)
     emit(result, args.json)
     return 0
