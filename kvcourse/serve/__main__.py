@@ -1,0 +1,57 @@
+"""`python -m kvcourse.serve`: serve GPT-2 through your engine with an OpenAI-compatible API.
+
+    python -m kvcourse.serve --model tiny --num-blocks 128 --port 8000
+    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"model": "tiny", "prompt": "Hello", "max_tokens": 8, "stream": true}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import uvicorn
+
+from kvcourse.serve.server import LOOPBACK, build_app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags of `vllm serve` that this engine has."""
+    parser = argparse.ArgumentParser(prog="python -m kvcourse.serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="tiny, gpt2, gpt2-medium, gpt2-large or gpt2-xl (default tiny)")
+    parser.add_argument("--num-blocks", type=int, default=256, help="KV-cache blocks in the pool (default 256)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    parser.add_argument("--token-budget", type=int, default=512, help="tokens the model runs per step (default 512)")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="requests running at once (default 16)")
+    parser.add_argument("--enable-prefix-caching", action="store_true", help="share prompt blocks between requests")
+    parser.add_argument("--attention", default="reference", help="reference or triton (default reference)")
+    parser.add_argument(
+        "--host", default=LOOPBACK, help=f"address to listen on (default {LOOPBACK}: this machine only)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the engine, then serve until Ctrl-C."""
+    args = parse_args(argv)
+    try:
+        app = build_app(
+            args.model,
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            token_budget=args.token_budget,
+            max_batch_size=args.max_batch_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            attention=args.attention,
+        )
+    except ValueError as exc:
+        print(f"kvcourse.serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"Serving {args.model} on http://{args.host}:{args.port}/v1 (OpenAI-compatible); Ctrl-C stops.")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The engine loop: one thread owns the LLMEngine and steps it while any request is unfinished.
+
+vLLM splits its server the same way (AsyncLLM in the API process, EngineCore stepping in a busy
+loop): HTTP handlers never touch the engine. They post commands (add a request, abort one) to an
+inbox; the loop thread runs them between steps, steps once, and hands every request's newly
+sampled tokens to that request's stream, which its handler reads in the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcourse.request import Request, RequestStatus
+from kvcourse.serve.metrics import ServerMetrics
+
+log = logging.getLogger("kvcourse.serve")
+IDLE_WAIT_S = 0.5  # how long an idle loop sleeps before it looks at its inbox again (it is also woken)
+
+
+@dataclass
+class RequestOutput:
+    """What one step did for one request: its new tokens, and how it ended if it did."""
+
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "length", "stop" (end of text), "abort" or "error"
+    error: str | None = None
+
+
+class RequestStream:
+    """The server's side of one request: a queue in the event loop, fed from the engine thread."""
+
+    def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
+        self._event_loop = event_loop
+        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.finished = False
+
+    def put(self, output: RequestOutput) -> None:
+        """Called by the engine thread: asyncio queues are not thread-safe, so hop onto their loop."""
+        self._event_loop.call_soon_threadsafe(self._queue.put_nowait, output)
+
+    async def get(self) -> RequestOutput:
+        """The next update; the last one has finished=True."""
+        output = await self._queue.get()
+        self.finished = self.finished or output.finished
+        return output
+
+
+@dataclass
+class _Tracked:
+    """A request in flight, as the loop follows it: how many tokens its stream has had, and when."""
+
+    request: Request
+    stream: RequestStream
+    arrival: float
+    eos_token_id: int | None  # stop here unless ignore_eos (None: never stop early)
+    sent: int = 0
+    first_token_at: float | None = None
+    aborted: bool = False
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """The engine's counters after the latest step, safe to read from any thread."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_blocks: int = 0
+    block_size: int = 0
+    kv_cache_usage: float = 0.0
+    num_preemptions: int = 0
+    steps: int = 0
+    loop_alive: bool = True
+    last_error: str | None = None
+    running_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+class EngineLoop:
+    """Owns one engine; steps it in a background thread; everything else talks to it by command."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics or ServerMetrics()
+        self.state = EngineState()
+        self._inbox: list[Callable[[], None]] = []
+        self._wakeup = threading.Condition()
+        self._tracked: dict[int, _Tracked] = {}
+        self._stopping = False
+        self._steps = 0
+        self._last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="kvcourse-engine-loop", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start stepping (idle until a request arrives)."""
+        self._publish()
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the current step, then end the thread; requests still in flight end as aborted."""
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the loop thread is running."""
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------------ commands (any thread)
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn in the loop thread between two steps; its result (or error) comes back in a Future."""
+        future: Future = Future()
+
+        def command() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        with self._wakeup:
+            if self._stopping:
+                future.set_exception(RuntimeError("the server is shutting down: retry against a running server."))
+                return future
+            self._inbox.append(command)
+            self._wakeup.notify()
+        return future
+
+    def add(self, prompt_tokens: list[int], max_tokens: int, stream: RequestStream, eos_token_id: int | None) -> Future:
+        """Queue a request; the Future gives the engine's Request, or the engine's ValueError in words."""
+        arrival = time.monotonic()
+
+        def add_request() -> Request:
+            request = self.engine.add_request(prompt_tokens, max_tokens)
+            if eos_token_id is not None:
+                request.eos_token_id = eos_token_id  # the scheduler finishes a request at its end-of-text
+            self._tracked[request.id] = _Tracked(request, stream, arrival, eos_token_id)
+            self.metrics.prompt_tokens.inc(len(prompt_tokens))
+            return request
+
+        return self.call(add_request)
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request (its client went away): its blocks go back before the next step runs."""
+        self.call(lambda: self._abort(request_id, "abort"))
+
+    # ------------------------------------------------------------------ the loop (engine thread only)
+    def _run(self) -> None:
+        """Run commands, step while work remains, deliver tokens; sleep when idle."""
+        try:
+            while True:
+                with self._wakeup:
+                    while not (self._inbox or self._stopping or self._has_work()):
+                        self._wakeup.wait(IDLE_WAIT_S)
+                    commands, self._inbox = self._inbox, []
+                    stopping = self._stopping
+                for command in commands:
+                    command()
+                if stopping:
+                    break
+                if self._has_work():
+                    self._step()
+                self._deliver()
+                self._publish()
+        finally:
+            for rid in list(self._tracked):
+                self._abort(rid, "abort", "the server stopped before this request finished.")
+            self._publish(alive=False)
+
+    def _has_work(self) -> bool:
+        return bool(self.engine.scheduler.has_unfinished_requests())
+
+    def _step(self) -> None:
+        """One engine step; a fault fails the requests it touched, and the loop keeps serving."""
+        preemptions_before = _num_preemptions(self.engine)
+        try:
+            self.engine.step()
+        except Exception as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            log.error("engine step failed:\n%s", traceback.format_exc())
+            self._fail_after_fault(self._last_error)
+        self._steps += 1
+        self.metrics.preemptions.inc(max(0, _num_preemptions(self.engine) - preemptions_before))
+
+    def _fail_after_fault(self, error: str) -> None:
+        """Requests still unsettled after a failed step end with the error (their blocks go back)."""
+        for rid, tracked in list(self._tracked.items()):
+            if not _settled(tracked.request):
+                self._abort(rid, "error", f"the engine failed while running this request ({error}).")
+            else:
+                tracked.request.reason = tracked.request.reason or error
+
+    def _deliver(self) -> None:
+        """Hand each request its new tokens; close the streams of requests that finished."""
+        now = time.monotonic()
+        for rid, tracked in list(self._tracked.items()):
+            request = tracked.request
+            new = list(request.output_tokens[tracked.sent :])
+            if tracked.eos_token_id is not None and tracked.eos_token_id in new:
+                new = new[: new.index(tracked.eos_token_id) + 1]  # nothing after end-of-text reaches the client
+                if not _settled(request):
+                    _abort_in_engine(self.engine, request)  # an engine that ignores EOS stops here
+            if new and tracked.first_token_at is None:
+                tracked.first_token_at = now
+                self.metrics.ttft.observe(now - tracked.arrival)
+            tracked.sent += len(new)
+            self.metrics.generation_tokens.inc(len(new))
+            if _settled(request):
+                reason, error = self._finish_reason(tracked)
+                self._close(rid, RequestOutput(new, True, reason, error), now)
+            elif new:
+                tracked.stream.put(RequestOutput(new))
+
+    def _finish_reason(self, tracked: _Tracked) -> tuple[str, str | None]:
+        """Why a finished request ended: its length, its end-of-text, or an error (with words)."""
+        request = tracked.request
+        tokens = request.output_tokens[: tracked.sent]
+        if tracked.eos_token_id is not None and tokens and tokens[-1] == tracked.eos_token_id:
+            return "stop", None
+        if len(tokens) >= request.max_new_tokens:
+            return "length", None
+        return "error", request.reason or self._last_error or f"request ended as {request.status.name}"
+
+    def _abort(self, request_id: int, reason: str, error: str | None = None) -> None:
+        """Take a request out of the engine (blocks back now) and close its stream."""
+        tracked = self._tracked.get(request_id)
+        if tracked is None:
+            return  # finished already: nothing to give back
+        _abort_in_engine(self.engine, tracked.request)
+        tracked.aborted = True
+        new = list(tracked.request.output_tokens[tracked.sent :]) if reason != "error" else []
+        tracked.sent += len(new)
+        self._close(request_id, RequestOutput(new, True, reason, error), time.monotonic())
+        self._publish()
+
+    def _close(self, request_id: int, output: RequestOutput, now: float) -> None:
+        """Send the last update, record the request's latencies, forget it."""
+        tracked = self._tracked.pop(request_id)
+        tracked.stream.put(output)
+        self.metrics.finished.labels(output.finish_reason).inc()
+        if tracked.first_token_at is not None and tracked.sent > 1 and output.finish_reason in ("length", "stop"):
+            self.metrics.tpot.observe((now - tracked.first_token_at) / (tracked.sent - 1))
+
+    def _publish(self, alive: bool = True) -> None:
+        """Refresh the thread-safe state and the gauges from the engine."""
+        engine = self.engine
+        manager = engine.kv_cache_manager
+        scheduler = engine.scheduler
+        running = tuple(getattr(scheduler, "active_pool", {}))
+        self.state = EngineState(
+            num_running=len(running),
+            num_waiting=len(getattr(scheduler, "waiting_queue", ())),
+            num_free_blocks=int(manager.get_num_free_blocks()),
+            num_blocks=int(manager.num_blocks),
+            block_size=int(manager.block_size),
+            kv_cache_usage=float(manager.usage),
+            num_preemptions=_num_preemptions(engine),
+            steps=self._steps,
+            loop_alive=alive,
+            last_error=self._last_error,
+            running_ids=running,
+        )
+        self.metrics.update(self.state, getattr(manager, "prefix_cache_stats", None))
+
+
+def _settled(request: Request) -> bool:
+    """Whether the engine is done with a request (finished, rejected, aborted, failed)."""
+    return request.status not in (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+
+
+def _num_preemptions(engine: Any) -> int:
+    return int(getattr(engine.scheduler, "num_preemptions", 0))
+
+
+def _abort_in_engine(engine: Any, request: Request) -> None:
+    """Finish a request early and free its blocks: engine.abort where the engine has it, else by hand."""
+    if _settled(request):
+        return
+    if hasattr(engine, "abort"):
+        engine.abort(request.id)
+        return
+    scheduler = engine.scheduler
+    if hasattr(scheduler, "finish_requests"):
+        scheduler.finish_requests([request.id], RequestStatus.FINISHED, "aborted by the client")
+        return
+    # An older engine without abort: do what finish_requests does.
+    scheduler.active_pool.pop(request.id, None)
+    if request in scheduler.waiting_queue:
+        scheduler.waiting_queue.remove(request)
+    engine.kv_cache_manager.free(request)
+    request.status = RequestStatus.FINISHED
+    request.reason = "aborted by the client"

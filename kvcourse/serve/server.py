@@ -1,0 +1,102 @@
+"""Build an engine and run the app with uvicorn: in the foreground (the CLI) or in a thread (tests, notebooks).
+
+with ServerThread(build_app(model="tiny", num_blocks=64)) as server:   # a free 127.0.0.1 port
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from kvcourse.serve.app import create_app
+
+LOOPBACK = "127.0.0.1"
+
+
+def build_app(
+    model: str | Any = "tiny",
+    *,
+    num_blocks: int = 256,
+    block_size: int = 16,
+    token_budget: int = 512,
+    max_batch_size: int = 16,
+    enable_prefix_caching: bool = False,
+    attention: str = "reference",
+    tokenizer: Any = None,
+    model_name: str | None = None,
+) -> FastAPI:
+    """An app serving GPT-2 (`model` is "tiny", "gpt2"... or a loaded model) through a fresh LLMEngine."""
+    from kvcourse.engine import LLMEngine
+    from kvcourse.models import load_gpt2, load_tokenizer
+
+    name = model_name or (model if isinstance(model, str) else "gpt2")
+    if isinstance(model, str):
+        model = load_gpt2(model)
+    tokenizer = tokenizer or load_tokenizer()
+    engine = LLMEngine(
+        model,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        token_budget=token_budget,
+        max_batch_size=max_batch_size,
+        enable_prefix_caching=enable_prefix_caching,
+        attention=attention,
+        tokenizer=tokenizer,
+    )
+    return create_app(engine, tokenizer, name)
+
+
+class ServerThread:
+    """uvicorn serving an app from a background thread, on a port the OS picked; stop() ends it."""
+
+    def __init__(self, app: FastAPI, host: str = LOOPBACK, port: int = 0) -> None:
+        self.app = app
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))  # bound now, so the port is ours before uvicorn starts
+        self.host, self.port = self._socket.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="kvcourse-uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """http://host:port (append /v1 for OpenAI clients)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def engine_loop(self) -> Any:
+        """The app's engine loop (its engine, state and metrics), for in-process inspection."""
+        return self.app.state.engine_loop
+
+    def _serve(self) -> None:
+        self._server.run(sockets=[self._socket])
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        """Start serving; returns once uvicorn accepts connections (or raises after `timeout` seconds)."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start within {timeout} s on {self.url}; see the log above.")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Ask uvicorn to exit (open streams end, the engine loop stops) and wait for the thread."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._socket.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
