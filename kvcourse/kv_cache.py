@@ -7,8 +7,8 @@ Three layers, each with one job:
 - `BlockPool`: owns every `KVCacheBlock`; hands blocks out, takes them back (reference counts), and
   keeps the prefix cache (block hash -> block).
 - `KVCacheManager`: what the scheduler talks to (the contract of notebook 02): block tables per
-  request, exact block arithmetic, all-or-nothing allocation, prefix-cache lookup, fork and
-  copy-on-write for parallel sampling.
+  request, exact block arithmetic, all-or-nothing allocation, prefix-cache lookup (each request's
+  block hashes computed once and extended as it grows), fork and copy-on-write.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ class FreeKVCacheBlockQueue:
         """Take the block at the front: the one that has been free the longest (LRU)."""
         if self.num_free_blocks == 0:
             raise ValueError("the free-block queue is empty: no block can be handed out.")
-        # Exercise 3.1: the first real block sits right after self.fake_head. Unlink it (remove
-        # does exactly that) and return it.
+        # Exercise 3.1 (contract): return the block at the front (the one right after fake_head) and
+        # leave the queue without it: order of the others kept, count one lower, the block's own
+        # pointers None. `remove` (below, also yours) unlinks any block in O(1).
         # TODO: Exercise 3.1: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.popleft."
@@ -79,8 +80,8 @@ class FreeKVCacheBlockQueue:
         """Put a freed block at the back, so it is reused after every block freed before it."""
         if block.prev_free_block is not None or block.next_free_block is not None:
             raise ValueError(f"block {block.block_id} is already in the free-block queue.")
-        # Exercise 3.1: link the block in between the last real block (self.fake_tail.prev_free_block)
-        # and self.fake_tail, four pointers in all, then count it in self.num_free_blocks.
+        # Exercise 3.1 (contract): afterwards the block is the LAST real block (just before fake_tail),
+        # walking the queue forwards or backwards agrees, and num_free_blocks counts it. O(1): no walk.
         # TODO: Exercise 3.1: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.append."
@@ -90,8 +91,8 @@ class FreeKVCacheBlockQueue:
         """Unlink a block from anywhere in the queue in O(1) (a prefix-cache hit revives it)."""
         if block.prev_free_block is None or block.next_free_block is None:
             raise ValueError(f"block {block.block_id} is not in the free-block queue.")
-        # Exercise 3.1: make the block's two neighbours point at each other, clear the block's own
-        # pointers (None means "not in the queue"), and count it out of self.num_free_blocks.
+        # Exercise 3.1 (contract): afterwards the queue holds every other block in the same order (both
+        # directions), num_free_blocks is one lower, and the block's prev/next are None ("not queued").
         # TODO: Exercise 3.1: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.remove."
@@ -112,7 +113,7 @@ class FreeKVCacheBlockQueue:
 
 
 # --------------------------------------------------------------------------------------------
-# The block pool (exercises 3.2, 4.2, 4.3, 4.4)
+# The block pool (exercises 3.2, 4.2, 4.4)
 # --------------------------------------------------------------------------------------------
 
 
@@ -143,23 +144,25 @@ class BlockPool:
             raise ValueError(f"num_blocks is {num_blocks}; ask for 0 or more blocks.")
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"asked for {num_blocks} blocks but only {self.get_num_free_blocks()} are free.")
-        # Exercise 3.2: take num_blocks blocks from the front of self.free_block_queue. For each one,
-        # first call self._maybe_evict_cached_block(block) (notebook 04: it forgets a stale prefix-
-        # cache entry; until then it does nothing), then give it its one holder (ref_cnt). Return them.
+        # Exercise 3.2 (contract): return the num_blocks blocks at the FRONT of the free queue, in queue
+        # order, each out of the queue with exactly one holder (ref_cnt 1). A block handed out may
+        # still carry an old prefix-cache entry: every one must go through
+        # self._maybe_evict_cached_block(block) before it is returned (notebook 04 fills that in).
         # TODO: Exercise 3.2: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 3.2 (The block pool): not written yet: edit kvcourse/kv_cache.py, BlockPool.get_new_blocks."
+            "Exercise 3.2 (The block pool: hand out, take back, share): not written yet: edit kvcourse/kv_cache.py, BlockPool.get_new_blocks."
         )
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one holder from each block; a block nobody holds goes to the back of the free queue."""
         blocks = list(ordered_blocks)
         self._check_held(blocks)
-        # Exercise 3.2: for each block, in the order given, take away one holder (ref_cnt); when no
-        # holder is left, append it to self.free_block_queue.
+        # Exercise 3.2 (contract): each block loses one holder; a block left with none joins the BACK
+        # of the free queue, in the order given (so the first one given is reused first). A block
+        # someone still holds stays out of the queue.
         # TODO: Exercise 3.2: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 3.2 (The block pool): not written yet: edit kvcourse/kv_cache.py, BlockPool.free_blocks."
+            "Exercise 3.2 (The block pool: hand out, take back, share): not written yet: edit kvcourse/kv_cache.py, BlockPool.free_blocks."
         )
 
     def _check_held(self, blocks: list[KVCacheBlock]) -> None:
@@ -170,11 +173,12 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Add one holder to blocks a request shares (a prefix-cache hit or a fork)."""
-        # Exercise 4.3: for each block, if nobody holds it (it is cached but free), remove it from
-        # self.free_block_queue so it cannot be handed out; then add one holder.
-        # TODO: Exercise 4.3: write your code here, then delete the raise below.
+        # Exercise 3.2 (contract): each block gains one holder. A block nobody held was in the free
+        # queue (free, but still useful: lesson 04 shares it); afterwards it must not be, so it can
+        # never be handed out to someone else while held.
+        # TODO: Exercise 3.2: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 4.3 (Sharing cached blocks): not written yet: edit kvcourse/kv_cache.py, BlockPool.touch."
+            "Exercise 3.2 (The block pool: hand out, take back, share): not written yet: edit kvcourse/kv_cache.py, BlockPool.touch."
         )
 
     def cache_full_blocks(
@@ -191,8 +195,9 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVCacheBlock | None:
         """The published block for this hash, only if it really holds these tokens (a collision never hits)."""
-        # Exercise 4.2: look block_hash up in self.cached_block_hash_to_block. Return the block only if
-        # its token_ids equal tuple(token_ids); otherwise (no entry, or a hash collision) return None.
+        # Exercise 4.2 (contract): the block published under block_hash (cached_block_hash_to_block),
+        # but only if it really caches these tokens (its token_ids); None for an unknown hash or for
+        # a collision (same hash, other tokens).
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.2 (Prefix-cache lookup): not written yet: edit kvcourse/kv_cache.py, BlockPool.get_cached_block."
@@ -202,8 +207,9 @@ class BlockPool:
         """Unpublish a cached-free block that is being reused, so no lookup finds its old contents."""
         if block.block_hash is None:
             return  # never published (always the case while prefix caching is off)
-        # Exercise 4.4: the block is about to hold new tokens. Delete its entry from
-        # self.cached_block_hash_to_block, then clear its block_hash and token_ids.
+        # Exercise 4.4 (contract): the block is about to hold new tokens. Afterwards no lookup may find
+        # it under its old hash, the block carries no hash or tokens, and the prefix can be published
+        # again later (by the block that recomputes it).
         # TODO: Exercise 4.4: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.4 (Free and LRU eviction): not written yet: edit kvcourse/kv_cache.py, BlockPool._maybe_evict_cached_block."
@@ -221,9 +227,9 @@ class BlockPool:
 
 def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     """Hash one full block together with its parent's hash, so it names the whole prefix up to it."""
-    # Exercise 4.1: return hashlib.sha256(...).digest() over a stable encoding of the pair
-    # (parent_block_hash, token ids as plain ints), e.g. repr(...).encode(). Not Python's hash():
-    # it changes from one process to the next.
+    # Exercise 4.1 (contract): a bytes digest that is equal for equal (parent, tokens) pairs, in EVERY
+    # process (Python's hash() of str/bytes changes per process), and differs when the parent, a
+    # token, or the tokens' order differs. hashlib is imported.
     # TODO: Exercise 4.1: write your code here, then delete the raise below.
     raise NotImplementedError(
         "Exercise 4.1 (The block hash chain): not written yet: edit kvcourse/kv_cache.py, hash_block_tokens."
@@ -232,8 +238,8 @@ def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[i
 
 def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[BlockHash]:
     """The hash chain of every FULL block of `token_ids` (a partial last block gets no hash)."""
-    # Exercise 4.1: walk the full blocks in order; each block's parent is the previous block's hash
-    # (None for the first block).
+    # Exercise 4.1 (contract): one hash per FULL block, in order; block i's parent is block i-1's hash
+    # (None for block 0); a partial last block gets none.
     # TODO: Exercise 4.1: write your code here, then delete the raise below.
     raise NotImplementedError(
         "Exercise 4.1 (The block hash chain): not written yet: edit kvcourse/kv_cache.py, hash_request_tokens."
@@ -241,7 +247,7 @@ def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[Block
 
 
 # --------------------------------------------------------------------------------------------
-# The manager the scheduler talks to (exercises 3.3, 3.4, 4.2, 4.5)
+# The manager the scheduler talks to (exercises 3.3, 3.4, 4.2, 4.3, 4.5, 4.6)
 # --------------------------------------------------------------------------------------------
 
 
@@ -269,7 +275,9 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
         self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}  # request id -> its block table
-        self.req_to_block_hashes: dict[int, list[BlockHash]] = {}  # hash chain of its full blocks
+        # request id -> (the request, the hash chain of its full blocks so far): computed once, extended
+        # as the request grows, kept across a preemption (vLLM keeps it on the request itself)
+        self.req_to_block_hashes: dict[int, tuple[Request, list[BlockHash]]] = {}
         self.num_cached_block: dict[int, int] = {}  # how many of its blocks were offered to the cache
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the executor
         self.prefix_cache_stats = PrefixCacheStats()
@@ -311,36 +319,34 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Make room for this step's tokens, all or nothing: the blocks taken from the pool, or None."""
         hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks)
-        first_write = request.num_computed_tokens + num_new_computed_tokens
-        num_tokens = first_write + num_new_tokens
-        to_copy = self._shared_blocks_to_write(request, first_write, num_tokens)
-        num_extra = len(to_copy) + sum(1 for block in hits if block.ref_cnt == 0)
-        num_new_blocks = self._num_new_blocks(request, num_tokens, len(hits), num_extra)
-        if num_new_blocks is None:
-            return None
-        is_admission = request.id not in self.req_to_blocks
-        req_blocks = self.req_to_blocks.setdefault(request.id, [])
-        if hits:
-            self.block_pool.touch(hits)  # before get_new_blocks: a free hit must not be handed out
-            req_blocks.extend(hits)
-        copies = self._copy_on_write(req_blocks, to_copy) if to_copy else []
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
-        req_blocks.extend(new_blocks)
-        self._cache_full_blocks(request, req_blocks, num_tokens)
-        if is_admission:
-            self._record_admission(request, num_new_computed_tokens if hits else 0)
-        return KVCacheBlocks(copies + new_blocks)
+        # Exercise 3.3 (contract). When this returns, either
+        #   * the request's table (self.req_to_blocks[request.id], created at its first allocation)
+        #     starts with the prefix hits `hits` (each with one more holder: self.block_pool.touch),
+        #     then new blocks, and covers request.num_computed_tokens + num_new_computed_tokens +
+        #     num_new_tokens tokens with no block to spare; every shared block this step writes into
+        #     has been replaced by a private copy (self._shared_blocks_to_write finds them,
+        #     self._copy_on_write makes the copies); the full blocks are offered to the prefix cache
+        #     (self._cache_full_blocks) and an admission is counted (self._record_admission with the
+        #     hit tokens); the result is KVCacheBlocks(copies + new blocks), empty if none were needed;
+        #   * or, if the free blocks are too few for ALL of that, it returns None and nothing at all
+        #     has changed: no table, no ref count, no free-queue position, no pending copy.
+        # Careful: a hit on a FREE block (ref_cnt 0) also uses up a free block. Lesson 04 makes hits and
+        # shared blocks real; until then `hits` is empty and nothing is shared.
+        # TODO: Exercise 3.3: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 3.3 (allocate_slots: all or nothing): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.allocate_slots."
+        )
 
     def _num_new_blocks(self, request: Request, num_tokens: int, num_hits: int, num_extra: int) -> int | None:
         """New blocks needed so the table covers `num_tokens` tokens, or None if the pool is short."""
         num_held = len(self.req_to_blocks.get(request.id, [])) + num_hits
-        # Exercise 3.3: the table must cover num_tokens tokens: ceil(num_tokens / block_size) blocks
-        # (use blocks_needed). Subtract the num_held it already has (never below 0). If that plus
-        # num_extra (blocks lesson 04's sharing also takes) is more than the pool's free blocks,
-        # return None; else return the number of new blocks.
+        # Exercise 3.3 (contract): the number of NEW blocks that, added to the num_held blocks the
+        # table will hold, cover num_tokens tokens exactly (blocks_needed rounds up; a table that
+        # already covers them needs 0). None when those blocks plus num_extra (other free blocks the
+        # step uses up: copies, hits on free blocks) exceed the pool's free blocks.
         # TODO: Exercise 3.3: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 3.3 (KVCacheManager.allocate_slots): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._num_new_blocks."
+            "Exercise 3.3 (allocate_slots: all or nothing): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._num_new_blocks."
         )
 
     def _check_allocation(
@@ -372,11 +378,13 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Give back a finished or preempted request's blocks; an unknown request is a no-op."""
-        self.req_to_block_hashes.pop(request.id, None)
         self.num_cached_block.pop(request.id, None)
-        # Exercise 3.4: remove the request's table from self.req_to_blocks (an unknown request has
-        # none: do nothing), and free its blocks in REVERSE order, tail first, so that the tail is
-        # reused before the head (a later request can still share the head).
+        if request.is_complete():
+            self.req_to_block_hashes.pop(request.id, None)  # a preempted request keeps its hashes
+        # Exercise 3.4 (contract): afterwards the manager holds no table for the request (an unknown
+        # or already freed request: nothing changes), and each of its blocks has lost this holder,
+        # given back TAIL FIRST, so that the free queue reuses its tail before its head (a later
+        # request with the same prefix can still share the head).
         # TODO: Exercise 3.4: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 3.4 (KVCacheManager.free): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.free."
@@ -388,31 +396,41 @@ class KVCacheManager:
         """Prefix-cache hits for a request being admitted: the cached blocks and the tokens they hold."""
         if not self.enable_prefix_caching:
             return KVCacheBlocks.empty(), 0
-        # Exercise 4.2: the last token is always recomputed (its logits give the next token), so
-        # only full blocks of request.all_token_ids[:request.num_tokens - 1] can be hits: hash them
-        # with hash_request_tokens. Walk the hashes in order, ask self.block_pool.get_cached_block
-        # for each (with that block's slice of the tokens) and stop at the first miss. Return
-        # (KVCacheBlocks(hits), number of tokens the hits hold).
+        # Exercise 4.2 (contract): return (KVCacheBlocks(hits), tokens the hits hold), where the hits
+        # are the LONGEST run of the request's leading full blocks that the pool serves
+        # (self.block_pool.get_cached_block), in order, stopping at the first miss. The block holding
+        # token request.num_tokens - 1 is never a hit: the last token is always recomputed (its
+        # logits give the next token). The hashes come from self._block_hashes(request).
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.2 (Prefix-cache lookup): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.get_computed_blocks."
         )
 
+    def _block_hashes(self, request: Request) -> list[BlockHash]:
+        """The hash chain of the request's full blocks, each block hashed once per request."""
+        known = self.req_to_block_hashes.get(request.id)
+        if known is None or known[0] is not request:  # a new request (or a new one reusing an id)
+            known = self.req_to_block_hashes[request.id] = (request, [])
+        hashes = known[1]
+        # Exercise 4.3 (contract): extend `hashes` IN PLACE so it holds hash_block_tokens' chain of every
+        # full block of request.all_token_ids (the same list hash_request_tokens would give), and
+        # return it. Blocks hashed on an earlier call are never hashed again: a request that grows
+        # by a token, or is preempted and admitted again, costs at most its new full blocks.
+        # TODO: Exercise 4.3: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 4.3 (Hash once, extend as the request grows): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._block_hashes."
+        )
+
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Hash and publish every block this step fills with KNOWN tokens (a prompt's at admission)."""
+        """Publish every block this step fills with KNOWN tokens (a prompt's at admission), under its hash."""
         if not self.enable_prefix_caching:
             return
-        token_ids = request.all_token_ids
-        num_full = min(num_tokens, len(token_ids)) // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         num_done = self.num_cached_block.get(request.id, 0)
         if num_full <= num_done:
             return
-        hashes = self.req_to_block_hashes.setdefault(request.id, [])
-        while len(hashes) < num_full:
-            start = len(hashes) * self.block_size
-            parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, token_ids[start : start + self.block_size]))
-        block_tokens = [token_ids[i * self.block_size : (i + 1) * self.block_size] for i in range(num_done, num_full)]
+        hashes, token_ids, size = self._block_hashes(request), request.all_token_ids, self.block_size
+        block_tokens = [token_ids[i * size : (i + 1) * size] for i in range(num_done, num_full)]
         self.block_pool.cache_full_blocks(req_blocks[num_done:num_full], hashes[num_done:num_full], block_tokens)
         self.num_cached_block[request.id] = num_full
 
@@ -441,28 +459,39 @@ class KVCacheManager:
                 f"the child's num_computed_tokens ({child.num_computed_tokens}) must equal the parent's "
                 f"({parent.num_computed_tokens}): a fork starts from the same cached tokens."
             )
-        # Exercise 4.5: give the child a table of its own (a new list) holding the parent's blocks,
-        # and add one holder to each block (self.block_pool.touch).
+        # Exercise 4.5 (contract): afterwards the child has a block table of its OWN (growing one table
+        # never grows the other) listing the parent's blocks in order, and every one of those blocks
+        # has one more holder. No block is taken from the pool.
         # TODO: Exercise 4.5: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.fork."
         )
-        self.req_to_block_hashes[child.id] = list(self.req_to_block_hashes.get(parent.id, []))
+        if parent.id in self.req_to_block_hashes:
+            self.req_to_block_hashes[child.id] = (child, list(self.req_to_block_hashes[parent.id][1]))
         self.num_cached_block[child.id] = self.num_cached_block.get(parent.id, 0)
 
     def _shared_blocks_to_write(self, request: Request, first_write: int, num_tokens: int) -> list[int]:
         """Logical indices of blocks this step writes into that another table also holds."""
         req_blocks = self.req_to_blocks.get(request.id, [])
-        if num_tokens <= first_write or not req_blocks:
-            return []
-        last = min(len(req_blocks), blocks_needed(num_tokens, self.block_size))
-        return [i for i in range(first_write // self.block_size, last) if req_blocks[i].ref_cnt > 1]
+        if all(block.ref_cnt == 1 for block in req_blocks):
+            return []  # nothing shared, nothing to copy (always the case before lesson 04)
+        # Exercise 4.6 (contract): this step writes token positions first_write .. num_tokens - 1.
+        # Return, in increasing order, the index i of every block the table ALREADY holds that one of
+        # those positions falls in and that another table holds too (ref_cnt > 1). Blocks the step
+        # will add get no index; a step that writes nothing needs no copy.
+        # TODO: Exercise 4.6: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 4.6 (The copy-on-write decision): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._shared_blocks_to_write."
+        )
 
     def _copy_on_write(self, req_blocks: list[KVCacheBlock], indices: list[int]) -> list[KVCacheBlock]:
         """Give this table private copies of shared blocks before it writes into them."""
-        # Exercise 4.5: take len(indices) new blocks from the pool. For each index i: the shared block
-        # req_blocks[i] loses this holder (free it through the pool), its copy takes its place in
-        # the table, and (src id, dst id) goes into self.pending_copies. Return the new blocks.
+        if not indices:
+            return []  # nothing shared is written (always the case before lesson 04)
+        # Exercise 4.5 (contract): for each index i, req_blocks[i] is replaced by a new block from the
+        # pool and loses this holder (through the pool, so its count and queue stay right), and
+        # (old id, new id) is appended to self.pending_copies for the executor. Return the new blocks
+        # in the order of `indices`. The caller has checked there is room.
         # TODO: Exercise 4.5: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._copy_on_write."

@@ -5,7 +5,7 @@ from collections import deque
 
 import pytest
 
-from kvcourse.kv_cache import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, KVCacheManager
+from kvcourse.kv_cache import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, KVCacheBlocks, KVCacheManager
 from kvcourse.request import Request
 
 
@@ -180,6 +180,42 @@ def test_free_blocks_accepts_any_iterable():
 
 
 @pytest.mark.ex3_2
+def test_every_handed_out_block_goes_through_eviction(monkeypatch):
+    pool = BlockPool(4, enable_caching=True)
+    seen = []
+    monkeypatch.setattr(pool, "_maybe_evict_cached_block", lambda block: seen.append((block.block_id, block.ref_cnt)))
+    blocks = pool.get_new_blocks(3)
+    assert [block_id for block_id, _ in seen] == [b.block_id for b in blocks], (
+        "every block get_new_blocks hands out must go through _maybe_evict_cached_block: a cached free block "
+        "still carries its old hash, and a lookup would serve its new contents as the old prefix"
+    )
+    assert all(ref_cnt == 0 for _, ref_cnt in seen), (
+        "evict a block's old hash before it gets its new holder (while nobody holds it)"
+    )
+
+
+@pytest.mark.ex3_2
+def test_touch_adds_a_holder():
+    pool = BlockPool(4, enable_caching=True)
+    held = pool.get_new_blocks(1)[0]
+    pool.touch([held])
+    assert held.ref_cnt == 2, "touch should add one holder to a block already in use"
+    assert pool.get_num_free_blocks() == 3, "touching a block in use should not change the free count"
+
+
+@pytest.mark.ex3_2
+def test_touch_revives_a_free_block():
+    pool = BlockPool(4, enable_caching=True)
+    a, b = pool.get_new_blocks(2)
+    pool.free_blocks([a, b])
+    pool.touch([a])
+    assert a.ref_cnt == 1, "touching a free block should give it one holder"
+    assert pool.get_num_free_blocks() == 3, "touching a free block should take it out of the free queue"
+    assert a not in pool.free_block_queue.get_all_free_blocks(), "a touched block must not stay in the free queue"
+    assert a not in pool.get_new_blocks(3), "a touched block must never be handed out to someone else"
+
+
+@pytest.mark.ex3_2
 def test_usage_follows_the_pool():
     pool = BlockPool(8)
     blocks = pool.get_new_blocks(2)
@@ -282,6 +318,62 @@ def test_can_allocate_agrees_with_allocate_slots():
             req.num_computed_tokens += n
         held = len(manager.get_block_ids(req))
         assert held == -(-req.num_computed_tokens // 3), "a table should hold ceil(computed tokens / block_size) blocks"
+
+
+def freed_blocks(manager: KVCacheManager, num_blocks: int) -> list[KVCacheBlock]:
+    """Blocks a finished request left behind: free (ref_cnt 0), usable as prefix hits."""
+    old = request(90, num_blocks * manager.block_size)
+    manager.allocate_slots(old, num_blocks * manager.block_size)
+    blocks = list(manager.get_blocks(old).blocks)
+    manager.free(old)
+    return blocks
+
+
+def pool_state(manager: KVCacheManager) -> tuple:
+    """Everything a failed allocation must leave alone."""
+    pool = manager.block_pool
+    return (
+        [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+        [b.ref_cnt for b in pool.blocks],
+        {rid: [b.block_id for b in blocks] for rid, blocks in manager.req_to_blocks.items()},
+    )
+
+
+@pytest.mark.ex3_3
+def test_hits_on_free_blocks_share_them():
+    manager = KVCacheManager(num_blocks=6, block_size=4)
+    hits = freed_blocks(manager, 2)
+    req = request(1, 12)
+    new = manager.allocate_slots(req, 4, num_new_computed_tokens=8, new_computed_blocks=KVCacheBlocks(hits))
+    assert new is not None, "an admission with prefix hits should succeed while enough blocks are free"
+    table = manager.get_block_ids(req)
+    assert table[:2] == [b.block_id for b in hits], "the table should start with the hit blocks, in order"
+    assert len(table) == 3, "hits cover their tokens: only the rest needs new blocks"
+    assert new.get_block_ids() == table[2:], "allocate_slots should return only the blocks it took new"
+    assert all(b.ref_cnt == 1 for b in hits), "each hit block should gain one holder"
+    assert manager.get_num_free_blocks() == 3, "hits on free blocks leave the free queue, like the new blocks"
+
+
+@pytest.mark.ex3_3
+def test_hits_on_free_blocks_count_against_the_limit():
+    manager = KVCacheManager(num_blocks=4, block_size=4)
+    hits = freed_blocks(manager, 2)
+    manager.allocate_slots(request(2, 4), 4)  # one block held: 3 free, two of them the hits
+    req = request(1, 16)
+    before = pool_state(manager)
+    got = manager.allocate_slots(req, 8, num_new_computed_tokens=8, new_computed_blocks=KVCacheBlocks(hits))
+    assert got is None, (
+        "2 hits on free blocks + 2 new blocks need 4 free blocks but only 3 are free: a hit on a FREE block "
+        "uses up a free block too, so allocate_slots must return None"
+    )
+    assert pool_state(manager) == before, (
+        "a failed allocate_slots must touch nothing: no ref count, no free-queue position, no table"
+    )
+    assert manager.get_block_ids(req) == [], "a failed admission must not leave a table behind"
+    assert manager.allocate_slots(req, 4, num_new_computed_tokens=8, new_computed_blocks=KVCacheBlocks(hits)), (
+        "with one new block instead of two the admission fits exactly and should succeed"
+    )
+    assert manager.get_num_free_blocks() == 0, "an exact fit should use every free block"
 
 
 @pytest.mark.ex3_3

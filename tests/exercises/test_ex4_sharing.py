@@ -41,7 +41,12 @@ def free_ids(manager: KVCacheManager) -> list[int]:
 def test_hash_is_repeatable_and_hashable():
     first = hash_block_tokens(None, [1, 2, 3, 4])
     assert first == hash_block_tokens(None, [1, 2, 3, 4]), "the same parent and tokens should give the same hash"
-    assert {first: 0}, "a block hash should be usable as a dictionary key"
+    try:
+        published = {first: "block 7"}
+        found = published.get(hash_block_tokens(None, [1, 2, 3, 4]))
+    except TypeError:
+        pytest.fail("a block hash must be hashable (bytes, a tuple, ...): it is a key of the prefix-cache dict")
+    assert found == "block 7", "a block hash should find its entry when used as a dictionary key"
     assert first != hash_block_tokens(None, [1, 2, 3, 5]), "different tokens should give a different hash"
     assert first != hash_block_tokens(None, [4, 3, 2, 1]), "the order of the tokens should matter"
 
@@ -177,28 +182,61 @@ def test_hash_collision_is_not_a_hit(monkeypatch):
     assert num_tokens == 0, "when two different blocks share a hash, the lookup must check the tokens and miss"
 
 
-# ---- 4.3 taking hits ---------------------------------------------------------------------
+# ---- 4.3 hash once, extend as the request grows ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def count_hashes(monkeypatch):
+    """Count hash_block_tokens calls made through the kv_cache module (the manager's calls)."""
+    calls = []
+    real = kv_cache.hash_block_tokens
+
+    def counting(parent, tokens):
+        calls.append(tuple(tokens))
+        return real(parent, tokens)
+
+    monkeypatch.setattr(kv_cache, "hash_block_tokens", counting)
+    return calls
 
 
 @pytest.mark.ex4_3
-def test_touch_adds_a_holder():
-    pool = BlockPool(4, enable_caching=True)
-    held = pool.get_new_blocks(1)[0]
-    pool.touch([held])
-    assert held.ref_cnt == 2, "touch should add one holder to a block already in use"
-    assert pool.get_num_free_blocks() == 3, "touching a block in use should not change the free count"
+def test_chain_is_the_request_chain_as_it_grows():
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    req = request(1, SYSTEM + [1, 2])
+    assert manager._block_hashes(req) == hash_request_tokens(4, req.all_token_ids), (
+        "_block_hashes should be the hash chain of the request's full blocks"
+    )
+    req.output_tokens += [3, 4, 5]
+    assert manager._block_hashes(req) == hash_request_tokens(4, req.all_token_ids), (
+        "after the request grows, _block_hashes should extend the chain with its new full blocks"
+    )
 
 
 @pytest.mark.ex4_3
-def test_touch_revives_a_free_block():
-    pool = BlockPool(4, enable_caching=True)
-    a, b = pool.get_new_blocks(2)
-    pool.free_blocks([a, b])
-    pool.touch([a])
-    assert a.ref_cnt == 1, "touching a free block should give it one holder"
-    assert pool.get_num_free_blocks() == 3, "touching a free block should take it out of the free queue"
-    assert a not in pool.free_block_queue.get_all_free_blocks(), "a touched block must not stay in the free queue"
-    assert a not in pool.get_new_blocks(3), "a touched block must never be handed out to someone else"
+def test_each_block_is_hashed_once(count_hashes):
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    req = request(1, SYSTEM + [1, 2])
+    for _ in range(3):
+        manager.get_computed_blocks(req)
+    assert len(count_hashes) == 3, (
+        f"three lookups of a 3-block prompt made {len(count_hashes)} hash calls: hash each full block once "
+        "per request and keep the chain (vLLM extends it as the request grows)"
+    )
+    admit(manager, req)
+    req.output_tokens += [3, 4]
+    manager.allocate_slots(req, 2)
+    assert len(count_hashes) == 4, "growing by one full block should cost exactly one more hash"
+
+
+@pytest.mark.ex4_3
+def test_a_preempted_request_is_not_hashed_again(count_hashes):
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    req = request(1, SYSTEM + [1])
+    admit(manager, req)
+    manager.free(req)  # preempted: blocks back, request not complete
+    req.num_computed_tokens = 0
+    assert admit(manager, req) == 12, "a preempted request should hit its own freed blocks when admitted again"
+    assert len(count_hashes) == 3, "re-admitting a preempted request should reuse its hashes, not recompute them"
 
 
 @pytest.mark.ex4_3
@@ -285,6 +323,25 @@ def test_evicted_prefix_is_no_longer_served():
     assert num_tokens == 0, "blocks overwritten by another request must not be served as hits"
 
 
+@pytest.mark.ex4_4
+def test_an_evicted_prefix_is_cached_again_once_recomputed():
+    manager = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    first = request(1, SYSTEM + [0])
+    admit(manager, first)
+    manager.free(first)
+    filler = request(2, list(range(16)))  # reuses all four blocks: the system prompt is evicted
+    admit(manager, filler)
+    manager.free(filler)
+    again = request(3, SYSTEM + [1])
+    assert admit(manager, again) == 0, "the evicted system prompt must be a miss"
+    manager.free(again)
+    hits, num_tokens = manager.get_computed_blocks(request(4, SYSTEM + [2]))
+    assert num_tokens == 12, (
+        "after an evicted prefix is recomputed, the next request with it should hit again: eviction must "
+        "delete the old hash-map entry, or the recomputed blocks can never be published under it"
+    )
+
+
 # ---- 4.5 fork and copy-on-write ----------------------------------------------------------
 
 
@@ -313,12 +370,42 @@ def test_fork_shares_every_block():
 def test_fork_gives_the_child_its_own_table():
     manager = KVCacheManager(num_blocks=8, block_size=4)
     parent, child = forked_pair(manager, 8)
-    manager.allocate_slots(child, 1)
+    manager.req_to_blocks[child.id].extend(manager.block_pool.get_new_blocks(1))
     assert len(manager.get_block_ids(parent)) == 2, "growing the child's table must not grow the parent's"
-    assert len(manager.get_block_ids(child)) == 3, "the child should get its own new block"
+    assert len(manager.get_block_ids(child)) == 3, "the child should have a table (a list) of its own"
 
 
 @pytest.mark.ex4_5
+def test_copy_on_write_swaps_in_a_private_copy():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 6)
+    table = manager.req_to_blocks[child.id]
+    shared = table[1]
+    copies = manager._copy_on_write(table, [1])
+    assert len(copies) == 1 and table[1] is copies[0], "the copy should take the shared block's place in the table"
+    assert table[0] is manager.req_to_blocks[parent.id][0], "blocks that are not written stay shared"
+    assert shared.ref_cnt == 1 and copies[0].ref_cnt == 1, "the old block loses this holder; the copy has one"
+    assert manager.take_pending_copies() == [(shared.block_id, copies[0].block_id)], (
+        "the copy should be reported to the executor as (src, dst)"
+    )
+    assert manager.get_num_free_blocks() == 5, "a copy takes exactly one block from the pool"
+
+
+@pytest.mark.ex4_6
+def test_only_shared_blocks_that_are_written_are_copied():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 6)
+    assert manager._shared_blocks_to_write(child, 6, 7) == [1], "writing token 6 lands in shared block 1"
+    assert manager._shared_blocks_to_write(child, 6, 6) == [], "a step that writes nothing needs no copy"
+    assert manager._shared_blocks_to_write(child, 6, 12) == [1], (
+        "blocks the step adds are new, not shared: only the table's existing blocks can need a copy"
+    )
+    assert manager._shared_blocks_to_write(child, 3, 7) == [0, 1], (
+        "a write that starts inside block 0 and ends inside block 1 touches both shared blocks"
+    )
+
+
+@pytest.mark.ex4_6
 def test_writing_into_a_shared_partial_block_copies_it():
     manager = KVCacheManager(num_blocks=8, block_size=4)
     parent, child = forked_pair(manager, 6)
@@ -333,7 +420,7 @@ def test_writing_into_a_shared_partial_block_copies_it():
     assert manager.block_pool.blocks[shared_last].ref_cnt == 1, "after the copy, the old block has one holder left"
 
 
-@pytest.mark.ex4_5
+@pytest.mark.ex4_6
 def test_writing_after_a_full_block_copies_nothing():
     manager = KVCacheManager(num_blocks=8, block_size=4)
     parent, child = forked_pair(manager, 8)
@@ -341,7 +428,7 @@ def test_writing_after_a_full_block_copies_nothing():
     assert manager.take_pending_copies() == [], "a write into a fresh block needs no copy"
 
 
-@pytest.mark.ex4_5
+@pytest.mark.ex4_6
 def test_copy_needs_a_free_block():
     manager = KVCacheManager(num_blocks=2, block_size=4)
     parent, child = forked_pair(manager, 6)
@@ -352,7 +439,7 @@ def test_copy_needs_a_free_block():
     )
 
 
-@pytest.mark.ex4_5
+@pytest.mark.ex4_6
 def test_fork_and_free_leak_nothing():
     manager = KVCacheManager(num_blocks=8, block_size=4)
     parent, child = forked_pair(manager, 6)
