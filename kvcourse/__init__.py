@@ -1,6 +1,6 @@
 """kvcourse: build the memory side of an LLM serving engine, one exercise at a time.
 
-In a notebook: `from kvcourse import check, hint, solution, progress`. Those helpers live in
+In a notebook: `from kvcourse import check, hint, solution, progress, reset`. Those helpers live in
 `kvcourse.course` and load on first use, so importing a lesson module loads no grading code.
 """
 
@@ -9,7 +9,7 @@ from kvcourse.course import solutions_switch
 solutions_switch.install()
 
 _FEEDBACK = ("check", "hint", "progress", "solution")
-__all__ = list(_FEEDBACK)
+__all__ = [*_FEEDBACK, "reset"]
 
 
 def __getattr__(name: str):
@@ -18,4 +18,8 @@ def __getattr__(name: str):
         from kvcourse.course import feedback
 
         return getattr(feedback, name)
+    if name == "reset":
+        from kvcourse.course.reset import reset
+
+        return reset
     raise AttributeError(f"module 'kvcourse' has no attribute {name!r}")
