@@ -9,6 +9,7 @@ STUDIES = {
     "allocator": "allocation time per block as the pool grows (O(1) check)",
     "waste": "share of reserved KV memory that holds token states, per scheme (alias: memory)",
     "throughput": "tokens per second: HF static batches, HF continuous batching, kvcourse",
+    "serving": "TTFT, TPOT, ITL and goodput under Poisson arrivals: rate and token-budget sweeps",
     "kernel": "decode attention time and bandwidth: Triton, gather reference, SDPA",
 }
 ALIASES = {"memory": "waste"}  # the study's earlier name
