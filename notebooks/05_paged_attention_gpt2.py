@@ -18,6 +18,29 @@
 # is tight enough to force preemptions and when prefix caching shares blocks.
 
 # %%
+# In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
+import importlib.util
+import os
+import subprocess
+import sys
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+if IN_COLAB and importlib.util.find_spec("kvcourse") is None:
+    if not os.path.isdir("/content/kvcourse"):
+        subprocess.run(
+            ["git", "clone", "--depth=1", "https://github.com/kvcourse-org/kvcourse", "/content/kvcourse"], check=True
+        )
+    sys.path.insert(0, "/content/kvcourse")
+    from kvcourse.course.colab import install
+
+    install("/content/kvcourse")
+if IN_COLAB:
+    os.chdir("/content/kvcourse/notebooks")  # where the notebooks read their data from
 # %load_ext autoreload
 # %autoreload 2
 

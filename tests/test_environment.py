@@ -1,4 +1,4 @@
-"""environment.yml (conda) installs the same packages as pyproject.toml (pip)."""
+"""environment.yml (conda, repo2docker) installs the same packages as pyproject.toml (pip), extras included."""
 
 import re
 import tomllib
@@ -11,14 +11,31 @@ def _normalize(requirement: str) -> str:
     return re.sub(r"\s+", "", requirement).replace('"', "'").lower()
 
 
-def test_environment_yml_lists_pyproject_dependencies():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _conda_pip_requirements() -> list[str]:
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:") + 1
-    conda = [line.strip()[2:] for line in lines[start:] if line.strip().startswith("- ")]
-    assert sorted(map(_normalize, conda)) == sorted(map(_normalize, project))
+    return [line.strip()[2:] for line in lines[start:] if line.strip().startswith("- ")]
 
 
-def test_torch_is_pinned_for_ci():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "torch==2.13.0" in project, "CI needs the CPU build on disk: keep torch pinned"
+def test_environment_yml_lists_pyproject_dependencies_and_extras():
+    project = _project()
+    wanted = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    assert sorted(map(_normalize, _conda_pip_requirements())) == sorted(map(_normalize, wanted))
+
+
+def test_torch_is_a_range_for_learners():
+    """An exact torch pin would replace the CUDA torch a learner (or Colab) already has."""
+    torch = [r for r in _project()["dependencies"] if re.match(r"torch\b", r)]
+    assert torch and "==" not in torch[0], f"pyproject.toml pins torch exactly ({torch}): state a range"
+
+
+def test_maintainers_tools_are_an_extra():
+    """A learner's install carries no maintainers' tools; the dev extra has them."""
+    names = {re.split(r"[<>=;\[ ]", r)[0].lower() for r in _project()["dependencies"]}
+    dev = {re.split(r"[<>=;\[ ]", r)[0].lower() for r in _project()["optional-dependencies"]["dev"]}
+    assert not names & {"nbval", "playwright", "ruff", "jupytext"}
+    assert {"nbval", "playwright", "ruff", "jupytext"} <= dev
