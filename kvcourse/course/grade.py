@@ -214,6 +214,8 @@ def run(
         f"--timeout={TEST_TIMEOUT_S}",
         "--continue-on-collection-errors",
         "-q",
+        "-o",
+        "addopts=",  # pyproject's addopts name nbval's options: a learner's install (Colab, Gradescope) has no nbval
         "--rootdir",
         str(ROOT),
     ]
@@ -252,11 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("exercises", nargs="*", help="exercise ids such as 2.1 (default: all)")
     parser.add_argument("--solutions", action="store_true", help="grade the reference solutions instead of kvcourse/")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--gradescope", metavar="PATH", type=Path, help="also write Gradescope's results.json to PATH")
     args = parser.parse_args(argv)
     try:
         results = run(args.exercises or None, solutions=args.solutions, show_progress=not args.json)
     except ValueError as error:
         parser.error(str(error))
+    if args.gradescope:
+        from kvcourse.course.gradescope import write_results
+
+        write_results(args.gradescope, results)
     if args.json:
         print(json.dumps({"solutions": args.solutions, "results": [asdict(r) for r in results]}))
     else:
