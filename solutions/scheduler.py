@@ -8,8 +8,9 @@ KV-cache manager (which blocks). The two meet only through the manager's contrac
 One step, `schedule_next_batch()`:
   1. decodes first: every running request that has sampled a token feeds that token (1 token each);
   2. then at most one chunked prefill in progress (a running request whose tokens are not all cached);
-  3. then admissions from the waiting queue, while the token budget and the batch size allow
-     (none in a step that had to preempt: the memory just freed is for the running requests).
+  3. then admissions from the waiting queue, first come, first served, while the token budget and the
+     batch size allow: a head that cannot be allocated stops admission for the step (none at all in a
+     step that had to preempt: the memory just freed is for the running requests).
 Never more than `token_budget` tokens or `max_batch_size` sequences, and nothing is scheduled before
 `allocate_slots` has succeeded for it.
 
@@ -22,7 +23,8 @@ Bookkeeping that the executor and the engine rely on:
   * `ScheduledSequence.samples_token` is True for every decode and for the prefill chunk that reaches
     the request's `num_tokens`; the executor samples exactly one token for each such sequence and
     `update_from_output(batch, {request_id: token})` appends it. There is no placeholder token.
-  * Preemption is recompute: the most recently admitted running request gives its blocks back,
+  * Preemption is recompute: the most recently admitted running request (the lowest priority under
+    first-come, first-served) gives its blocks back,
     `num_computed_tokens = 0`, status PREEMPTED, and it goes back to the HEAD of the waiting queue with
     its output tokens kept; its next prefill recomputes the prompt and those outputs.
   * Rejection happens in `add_request`: a request that needs more blocks than the whole cache has
@@ -117,11 +119,15 @@ class StallFreeScheduler:
     def _reject_if_never_fits(self, request: Request) -> bool:
         """A request needing more blocks than the whole cache could never finish: refuse it now, saying why."""
         manager = self.kv_cache_manager
-        # Exercise 2.5: work out how many blocks the request would need at its longest
-        # (prompt + max_new_tokens tokens, blocks of manager.block_size, a partial block counts).
-        # If that is more than manager.num_blocks, set request.status to RequestStatus.REJECTED,
-        # put a sentence in request.reason that says why, and return True; otherwise return False.
-        # BEGIN SOLUTION 2.5
+        # Exercise 2.9: reject what can never fit.
+        #   Returns True when the request could never finish even with the whole cache to itself: at its
+        #   longest it holds its prompt plus max_new_tokens tokens, in blocks of manager.block_size (a
+        #   partial block counts), and the cache has manager.num_blocks. Otherwise returns False.
+        #   When it returns True: the request is REJECTED, its `reason` is a sentence a user can act on
+        #   (what it needs, what there is), and it is listed in self.rejected; add_request then leaves
+        #   it out of the waiting queue. When it returns False, nothing has changed.
+        #   Edge: a request that fits the cache exactly is accepted.
+        # BEGIN SOLUTION 2.9
         needed = math.ceil((request.num_prompt_tokens + request.max_new_tokens) / manager.block_size)
         if needed <= manager.num_blocks:
             return False
@@ -130,13 +136,21 @@ class StallFreeScheduler:
             f"it needs {needed} blocks for its prompt and max_new_tokens, "
             f"but the whole cache has only {manager.num_blocks}"
         )
-        # END SOLUTION
         self.rejected.append(request)
         return True
+        # END SOLUTION
 
     # ----------------------------------------------------------------------------- one step
     def schedule_next_batch(self) -> list[ScheduledSequence]:
         """Plan one step: decodes first, then the prefill in progress, then admissions, all within budget."""
+        # Exercise 2.4: plan one step (this method and the two passes below).
+        #   Returns the step's batch, in this order: a decode for every running request past its prefill
+        #   (oldest admission first), then at most one prefill chunk of a running request, then the
+        #   admissions of self._admit_waiting(batch) (Exercise 2.5).
+        #   Must hold: at most self.token_budget tokens and self.max_batch_size sequences in all; each
+        #   request at most once; a step in which anyone was preempted (self.num_preemptions grew)
+        #   admits nobody: the memory just freed is for the requests already running.
+        # BEGIN SOLUTION 2.4
         batch: list[ScheduledSequence] = []
         preemptions_before = self.num_preemptions
         self._schedule_decodes(batch)
@@ -144,6 +158,7 @@ class StallFreeScheduler:
         if self.num_preemptions == preemptions_before:
             self._admit_waiting(batch)
         return batch
+        # END SOLUTION
 
     def _budget_left(self, batch: list[ScheduledSequence]) -> int:
         """Tokens this step may still feed."""
@@ -155,6 +170,11 @@ class StallFreeScheduler:
 
     def _schedule_decodes(self, batch: list[ScheduledSequence]) -> None:
         """Every running request past its prefill feeds its newest token, oldest admission first."""
+        # Exercise 2.4, the decode pass: append to `batch` one decode (self._schedule_decode, Exercise
+        #   2.1) per running request that is past its prefill, in admission order, while the batch has
+        #   room (self._has_room). A request that an older one preempted during this very pass is no
+        #   longer running and gets nothing; a decode that got no room is left out.
+        # BEGIN SOLUTION 2.4
         for request in list(self.active_pool.values()):
             if request.id not in self.active_pool or not request.is_prefill_done():
                 continue  # preempted a moment ago, or still prefilling
@@ -163,12 +183,18 @@ class StallFreeScheduler:
             sequence = self._schedule_decode(request)
             if sequence is not None:
                 batch.append(sequence)
+        # END SOLUTION
 
     def _schedule_decode(self, request: Request) -> ScheduledSequence | None:
         """One decode: room for one more token, or (failing even after preemption) nothing."""
-        # Exercise 2.1: a decode feeds exactly one token. Ask for room for it with
-        # self._allocate_or_preempt(request, 1). If that fails, return None; otherwise return
-        # self._advance(request, 1, is_decode=True).
+        # Exercise 2.1: allocate a slot for each decode.
+        #   `request` is running and past its prefill: its newest token is the only one not cached.
+        #   Returns the decode of that one token (a ScheduledSequence with is_decode=True, built and
+        #   counted as computed by self._advance), or None when no memory could be made for it.
+        #   Must hold: no token is scheduled before its KV memory is secured. Memory for a running
+        #   request comes from self._allocate_or_preempt(request, n), the one place that decides who
+        #   steps back when memory is short (it returns False when this request had to step back
+        #   itself); a decode that gets no room changes nothing about the request.
         # BEGIN SOLUTION 2.1
         if not self._allocate_or_preempt(request, 1):
             return None
@@ -177,19 +203,27 @@ class StallFreeScheduler:
 
     def _schedule_prefill_in_progress(self, batch: list[ScheduledSequence]) -> None:
         """Continue the (at most one) running request whose tokens are not all in the cache yet."""
+        # Exercise 2.4, the prefill pass: the oldest running request that is still prefilling
+        #   (self._is_prefilling) gets the next chunk (self._schedule_prefill_chunk, Exercise 2.2) with
+        #   the budget that is left, if the batch has room for one more sequence. Only one such request
+        #   per step; none when no running request is prefilling.
+        # BEGIN SOLUTION 2.4
         request = next((r for r in self.active_pool.values() if self._is_prefilling(r)), None)
         if request is None or not self._has_room(batch):
             return
         sequence = self._schedule_prefill_chunk(request, self._budget_left(batch))
         if sequence is not None:
             batch.append(sequence)
+        # END SOLUTION
 
     def _schedule_prefill_chunk(self, request: Request, token_budget_left: int) -> ScheduledSequence | None:
         """The next chunk of a running request's prefill, as big as the budget allows, if memory allows."""
-        # Exercise 2.2 (a running request): the chunk is the request's uncomputed tokens
-        # (request.num_uncomputed_tokens), at most token_budget_left of them. Get room for them with
-        # self._allocate_or_preempt(request, n); if that fails return None, else return
-        # self._advance(request, n, is_decode=False).
+        # Exercise 2.2 (a running request): allocate the next prefill chunk.
+        #   `request` is running and some of its tokens are not cached yet (a long prompt cut into
+        #   chunks, or a recompute after preemption).
+        #   Returns the next chunk: its uncomputed tokens from position num_computed_tokens, as many as
+        #   token_budget_left allows (is_decode=False, built by self._advance); or None when no memory
+        #   could be made. As in 2.1, memory comes from self._allocate_or_preempt, before scheduling.
         # BEGIN SOLUTION 2.2
         num_new_tokens = min(request.num_uncomputed_tokens, token_budget_left)
         if not self._allocate_or_preempt(request, num_new_tokens):
@@ -198,26 +232,36 @@ class StallFreeScheduler:
         # END SOLUTION
 
     def _admit_waiting(self, batch: list[ScheduledSequence]) -> None:
-        """Admit waiting requests in queue order; one that does not fit now is skipped this step."""
-        for request in list(self.waiting_queue):
-            if not self._has_room(batch) or len(self.active_pool) >= self.max_batch_size:
-                return
-            sequence = self._admit(request, self._budget_left(batch))
-            if sequence is not None:
-                batch.append(sequence)
+        """Admit waiting requests first come, first served: the head that does not fit stops admission."""
+        # Exercise 2.5: first-come, first-served admission.
+        #   Appends to `batch` the first chunk of each request admitted (self._admit, Exercise 2.2), in
+        #   queue order, while the batch has room (self._has_room) and fewer than self.max_batch_size
+        #   requests are running.
+        #   Must hold: when the request at the head of the queue cannot be admitted, admission stops
+        #   for this step: nobody behind it may go first (vLLM v1). Skipping ahead looks efficient,
+        #   but under a steady stream of small requests a large one at the head never runs.
+        # BEGIN SOLUTION 2.5
+        while self.waiting_queue and self._has_room(batch) and len(self.active_pool) < self.max_batch_size:
+            sequence = self._admit(self.waiting_queue[0], self._budget_left(batch))
+            if sequence is None:
+                return  # the head waits, and everyone behind it waits too
+            batch.append(sequence)
+        # END SOLUTION
 
     def _admit(self, request: Request, token_budget_left: int) -> ScheduledSequence | None:
         """Move a waiting request to the running set with its first chunk, reusing cached prefix blocks."""
-        computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
-        # Exercise 2.2 (a waiting request): num_computed of its tokens are already cached
-        # (prefix-cache hits, in computed_blocks). Its first chunk is the rest of its tokens
-        # (request.num_tokens - num_computed), at most token_budget_left of them. Ask for room with
-        # self.kv_cache_manager.allocate_slots(request, n, num_computed, computed_blocks) -- a newcomer
-        # preempts nobody: on None, return None and leave it waiting. On success take THIS request
-        # out of self.waiting_queue (not necessarily the head), set its status to RUNNING, add it to
-        # self.active_pool, set its num_computed_tokens to num_computed, and return
-        # self._advance(request, n, is_decode=False).
+        # Exercise 2.2 (a waiting request): admit it with its first chunk.
+        #   `request` is in self.waiting_queue (new, or preempted earlier) and nothing of it is cached
+        #   by this scheduler; the manager's get_computed_blocks(request) may report a cached prefix
+        #   (prefix-cache hits: blocks and a token count; always none with the mock).
+        #   Returns the first chunk: the tokens after the cached prefix, as many as token_budget_left
+        #   allows; or None when allocate_slots (told about the prefix hits) says no.
+        #   On None nothing has changed: a newcomer preempts nobody and keeps its place in the queue.
+        #   On success: THIS request (wherever it is in the queue) has left the waiting queue, is
+        #   RUNNING, is the newest entry of self.active_pool, and counts its cached prefix and its
+        #   first chunk as computed.
         # BEGIN SOLUTION 2.2
+        computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
         num_new_tokens = min(request.num_tokens - num_computed, token_budget_left)
         if self.kv_cache_manager.allocate_slots(request, num_new_tokens, num_computed, computed_blocks) is None:
             return None
@@ -249,20 +293,33 @@ class StallFreeScheduler:
     # ----------------------------------------------------------------------------- memory pressure
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int) -> bool:
         """Room for a running request's next tokens, preempting the newest admissions until it fits."""
-        while self.kv_cache_manager.allocate_slots(request, num_new_tokens) is None:
+        if self.kv_cache_manager.allocate_slots(request, num_new_tokens) is not None:
+            return True  # the common case: there was room, nobody steps back
+        # Exercise 2.8: preempt until it fits. Memory is short for `request` (running) right now.
+        #   Returns True once allocate_slots(request, num_new_tokens) has succeeded, after preempting
+        #   as few requests as needed, newest admission first (self._preempt_most_recent, Exercise
+        #   2.7); returns False when `request` itself was the newest and had to step back (it is then
+        #   preempted, waiting at the head of the queue, and holds no blocks).
+        #   Must hold: nobody older than `request` is ever preempted for it, and the loop always ends.
+        # BEGIN SOLUTION 2.8
+        while True:
             victim = self._preempt_most_recent()
             if victim is request:
                 return False  # it was the newest itself: it waits, and the others keep going
-        return True
+            if self.kv_cache_manager.allocate_slots(request, num_new_tokens) is not None:
+                return True
+        # END SOLUTION
 
     def _preempt_most_recent(self) -> Request:
         """Free the most recently admitted running request's memory; it will be recomputed later."""
-        # Exercise 2.4: the victim is the LAST request in self.active_pool (dicts keep admission
-        # order). Take it out of the running set, give its blocks back to the manager, forget its
-        # computed tokens (keep its output_tokens: they are recomputed), set its status to
-        # PREEMPTED, add 1 to its num_preemptions and to self.num_preemptions, put it at the HEAD of
-        # self.waiting_queue, and return it.
-        # BEGIN SOLUTION 2.4
+        # Exercise 2.7: preempt the newest (by recompute).
+        #   The victim is the most recently admitted running request: the lowest priority under
+        #   first-come, first-served (self.active_pool keeps admission order). Returns the victim.
+        #   Afterwards: it is no longer running; its blocks are back with the manager; nothing of it
+        #   counts as cached (it will be recomputed), but its output tokens are kept; its status is
+        #   PREEMPTED; its num_preemptions and self.num_preemptions have each grown by one; and it
+        #   waits at the HEAD of self.waiting_queue, ahead of requests that never ran.
+        # BEGIN SOLUTION 2.7
         victim = list(self.active_pool.values())[-1]
         del self.active_pool[victim.id]
         self.kv_cache_manager.free(victim)
@@ -277,6 +334,16 @@ class StallFreeScheduler:
     # ----------------------------------------------------------------------------- results in
     def update_from_output(self, batch: list[ScheduledSequence], sampled_token_ids: dict[int, int]) -> list[Request]:
         """Append each sampled token; return the requests this update finished (their blocks are freed)."""
+        # Exercise 2.6: take the step's results in.
+        #   `batch` is what the latest schedule_next_batch() returned; `sampled_token_ids` maps a request
+        #   id to the one token the executor sampled for each sequence whose samples_token is True.
+        #   Afterwards: each such request has that token (as an int) appended to its output_tokens; a
+        #   prefill chunk that does not reach the end of its request samples nothing and changes
+        #   nothing. Each request that is now complete (request.is_complete()) is finished with
+        #   self._finish (Exercise 2.3). Returns the requests this update finished, in batch order.
+        #   Bad input is a ValueError that says what was wrong: a sequence that should have sampled but
+        #   has no token, or a request that is not running (self._running raises that one for you).
+        # BEGIN SOLUTION 2.6
         finished = []
         for sequence in batch:
             if not sequence.samples_token:
@@ -292,6 +359,7 @@ class StallFreeScheduler:
                 self._finish(request)
                 finished.append(request)
         return finished
+        # END SOLUTION
 
     def _running(self, request_id: int) -> Request:
         """The running request a batch entry refers to (a clear error for a stale batch)."""
@@ -305,8 +373,11 @@ class StallFreeScheduler:
 
     def _finish(self, request: Request) -> None:
         """A complete request leaves the running set and gives its blocks back at once, for others."""
-        # Exercise 2.3: set the request's status to FINISHED, remove it from self.active_pool, and
-        # give its blocks back with self.kv_cache_manager.free(request).
+        # Exercise 2.3: free blocks on completion.
+        #   `request` is running and complete. Afterwards it is FINISHED, it has left the running set,
+        #   and all its blocks are back with the manager (given back once, at once, so that a waiting
+        #   request can use them this very step); the other requests keep theirs.
+        #   (Listing it in self.finished happens after your code.)
         # BEGIN SOLUTION 2.3
         request.status = RequestStatus.FINISHED
         del self.active_pool[request.id]

@@ -1,18 +1,20 @@
-"""Graded tests for notebook 02: the memory-aware StallFreeScheduler (exercises 2.1-2.5).
+"""Graded tests for notebook 02: the memory-aware StallFreeScheduler (exercises 2.1-2.9).
 
-Tests of 2.1-2.4 put requests straight into `waiting_queue` / `active_pool` (the lesson's names)
-instead of calling `add_request`, so that they do not depend on Exercise 2.5.
+The warm-ups (2.1-2.3) call the method the learner writes directly, so that each can be checked before
+the step that calls it (2.4) exists. Tests put requests straight into `waiting_queue` / `active_pool`
+(the lesson's names) instead of calling `add_request`, so that they do not depend on Exercise 2.9.
 """
 
 from __future__ import annotations
 
+import itertools
 import typing
 
 import pytest
 
 from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
-from kvcourse.scheduler import StallFreeScheduler
+from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
 from kvcourse.toy import run, toy_generate, toy_requests
 
 
@@ -28,7 +30,7 @@ def prompt(length: int, start: int = 1) -> list[int]:
 
 
 def queue(scheduler: StallFreeScheduler, *requests: Request) -> None:
-    """Put requests in the waiting queue directly (add_request would need Exercise 2.5)."""
+    """Put requests in the waiting queue directly (add_request would need Exercise 2.9)."""
     scheduler.waiting_queue.extend(requests)
 
 
@@ -54,6 +56,18 @@ def decoding(
     return request
 
 
+def prefilling(
+    scheduler: StallFreeScheduler, manager: MockKVCacheManager, request_id: int, prompt_len: int, computed: int
+) -> Request:
+    """A running request in the middle of its (chunked) prompt: `computed` tokens cached, blocks held."""
+    request = Request(id=request_id, prompt_tokens=prompt(prompt_len, 100 * request_id + 1), max_new_tokens=4)
+    assert manager.allocate_slots(request, computed) is not None
+    request.num_computed_tokens = computed
+    request.status = RequestStatus.RUNNING
+    scheduler.active_pool[request.id] = request
+    return request
+
+
 def hold_blocks(manager: MockKVCacheManager, num_tokens: int) -> Request:
     """Someone else's request holding blocks, so that memory is short."""
     other = Request(id=999, prompt_tokens=[0] * num_tokens, max_new_tokens=0)
@@ -67,14 +81,27 @@ def run_all(scheduler: StallFreeScheduler, requests: list[Request]):
     return run(scheduler, max_iterations=2_000)
 
 
+def refuse_memory(scheduler: StallFreeScheduler, preempts: bool = False) -> list:
+    """Make _allocate_or_preempt say no (as if the request had to step back); record its calls."""
+    calls = []
+
+    def no_room(request, num_new_tokens):
+        calls.append((request.id, num_new_tokens))
+        if preempts:
+            scheduler.num_preemptions += 1  # as if someone had been preempted on the way
+        return False
+
+    scheduler._allocate_or_preempt = no_room
+    return calls
+
+
 # --------------------------------------------------------------------------------------- 2.1
 @pytest.mark.ex2_1
 def test_decode_feeds_the_newest_token_at_the_next_position():
     scheduler, manager = make()
     request = decoding(scheduler, manager, 0, prompt_len=10, outputs=[42])
-    batch = scheduler.schedule_next_batch()
-    assert len(batch) == 1, "a running request past its prefill should get exactly one decode"
-    seq = batch[0]
+    seq = scheduler._schedule_decode(request)
+    assert isinstance(seq, ScheduledSequence), "a decode with room should return its ScheduledSequence"
     assert seq.request_id == request.id and seq.is_decode, "the scheduled sequence should be a decode of that request"
     assert seq.tokens == [42], "a decode should feed the newest sampled token (no placeholder)"
     assert seq.position_ids_start == 10, "a decode's position should be the number of tokens already cached"
@@ -87,23 +114,28 @@ def test_decode_takes_a_new_block_only_at_a_block_boundary():
     at_boundary = decoding(scheduler, manager, 0, prompt_len=7, outputs=[5, 6])  # 8 cached: blocks full
     inside = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5, 6])  # 9 cached: room left
     free_before = manager.get_num_free_blocks()
-    batch = scheduler.schedule_next_batch()
-    assert len(batch) == 2, "both running requests should decode"
+    assert scheduler._schedule_decode(at_boundary) is not None and scheduler._schedule_decode(inside) is not None
     assert len(manager.get_block_ids(at_boundary)) == 3, "a decode past a full block must allocate one more block"
     assert len(manager.get_block_ids(inside)) == 3, "a decode that fits the last block must not allocate another"
-    assert manager.get_num_free_blocks() == free_before - 1, "the step took the wrong number of blocks"
+    assert manager.get_num_free_blocks() == free_before - 1, "the decodes took the wrong number of blocks"
 
 
 @pytest.mark.ex2_1
-def test_decodes_stay_within_the_token_budget_oldest_first():
-    scheduler, manager = make(token_budget=2)
-    requests = [decoding(scheduler, manager, i, prompt_len=5, outputs=[9]) for i in range(3)]
-    batch = scheduler.schedule_next_batch()
-    assert sum(len(s.tokens) for s in batch) <= 2, "the batch went over the token budget"
-    assert [s.request_id for s in batch] == [requests[0].id, requests[1].id], (
-        "decodes should go in admission order until the budget is spent"
+def test_a_decode_that_gets_no_room_is_not_scheduled():
+    scheduler, manager = make()
+    request = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: at a block boundary
+    calls = refuse_memory(scheduler)
+    held = manager.get_block_ids(request)
+    assert scheduler._schedule_decode(request) is None, (
+        "when self._allocate_or_preempt says no, the decode must not be scheduled (return None)"
     )
-    assert requests[2].num_computed_tokens == requests[2].num_tokens - 1, "an unscheduled decode must not advance"
+    assert calls == [(request.id, 1)], (
+        "room for a decode (one token) must come from self._allocate_or_preempt, the one place that decides "
+        "who steps back"
+    )
+    assert request.num_computed_tokens == 8 and manager.get_block_ids(request) == held, (
+        "a decode that got no room must change nothing about the request"
+    )
 
 
 # --------------------------------------------------------------------------------------- 2.2
@@ -112,12 +144,12 @@ def test_admission_schedules_the_whole_prompt_when_the_budget_allows():
     scheduler, manager = make(block_size=16)
     request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=4)
     queue(scheduler, request)
-    batch = scheduler.schedule_next_batch()
-    assert len(batch) == 1 and not batch[0].is_decode, "a new request should get one prefill chunk"
-    assert batch[0].tokens == request.prompt_tokens and batch[0].position_ids_start == 0, (
+    seq = scheduler._admit(request, 64)
+    assert seq is not None and not seq.is_decode, "a new request that fits should get one prefill chunk"
+    assert seq.tokens == request.prompt_tokens and seq.position_ids_start == 0, (
         "the first chunk should be the prompt from position 0"
     )
-    assert batch[0].samples_token, "the chunk that completes the prompt must sample the first output token"
+    assert seq.samples_token, "the chunk that completes the prompt must sample the first output token"
     assert request.status is RequestStatus.RUNNING, "an admitted request should be RUNNING"
     assert scheduler.active_pool.get(0) is request and not scheduler.waiting_queue, (
         "an admitted request moves from the waiting queue to active_pool"
@@ -126,39 +158,58 @@ def test_admission_schedules_the_whole_prompt_when_the_budget_allows():
 
 
 @pytest.mark.ex2_2
-def test_a_long_prompt_is_chunked_and_continued():
-    scheduler, manager = make(block_size=8, token_budget=16)
+def test_admission_takes_out_the_admitted_request_not_the_head():
+    scheduler, _ = make()
+    first = Request(id=1, prompt_tokens=prompt(14), max_new_tokens=4)
+    second = Request(id=2, prompt_tokens=prompt(6), max_new_tokens=4)
+    queue(scheduler, first, second)
+    assert scheduler._admit(second, 64) is not None, "a request that fits should be admitted"
+    assert list(scheduler.waiting_queue) == [first], (
+        "admitting a request must remove THAT request from the waiting queue, not the head"
+    )
+    assert list(scheduler.active_pool) == [second.id], "the admitted request should be the one in active_pool"
+
+
+@pytest.mark.ex2_2
+def test_the_first_chunk_is_cut_to_the_budget_left():
+    scheduler, manager = make(block_size=8)
     request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
     queue(scheduler, request)
-    starts, held, samples = [], [], []
-    for _ in range(3):
-        batch = scheduler.schedule_next_batch()
-        assert len(batch) == 1, "the request should get one prefill chunk per step"
-        seq = batch[0]
+    seq = scheduler._admit(request, 16)
+    assert seq is not None and seq.tokens == request.prompt_tokens[:16], "the first chunk should be 16 prompt tokens"
+    assert not seq.samples_token, "a chunk that does not complete the prompt samples nothing"
+    assert request.num_computed_tokens == 16, "the scheduled chunk counts as computed"
+    assert len(manager.get_block_ids(request)) == 2, "only the chunk's blocks should be allocated"
+
+
+@pytest.mark.ex2_2
+def test_a_running_prefill_continues_where_the_cache_ends():
+    scheduler, manager = make(block_size=8)
+    request = prefilling(scheduler, manager, 0, prompt_len=40, computed=16)
+    starts, held = [], []
+    for _ in range(2):
+        seq = scheduler._schedule_prefill_chunk(request, 16)
+        assert seq is not None and not seq.is_decode, "a running prefill with room should get its next chunk"
         assert seq.tokens == request.prompt_tokens[seq.position_ids_start : seq.position_ids_start + len(seq.tokens)], (
             "a chunk's tokens should be the prompt tokens at its positions"
         )
         starts.append(seq.position_ids_start)
         held.append(len(manager.get_block_ids(request)))
-        samples.append(seq.samples_token)
-        scheduler.update_from_output(batch, {0: 7} if seq.samples_token else {})
-    assert starts == [0, 16, 32], "each chunk should start where the cached tokens end, and fill the budget"
-    assert held == [2, 4, 5], "each chunk should allocate exactly the blocks it needs before it is scheduled"
-    assert samples == [False, False, True], "only the chunk that completes the prompt samples a token"
+    assert starts == [16, 32], "each chunk should start where the cached tokens end"
+    assert held == [4, 5], "each chunk should allocate exactly the blocks it needs before it is scheduled"
+    assert request.num_computed_tokens == 40 and seq.samples_token, (
+        "the last chunk is what is left (8 tokens, under the budget) and it samples the first output token"
+    )
 
 
 @pytest.mark.ex2_2
-def test_admission_takes_the_request_that_fits_not_the_head():
-    scheduler, manager = make(num_blocks=10, block_size=4)
-    hold_blocks(manager, 28)  # 7 of 10 blocks taken by someone else
-    big = Request(id=0, prompt_tokens=prompt(16), max_new_tokens=4)  # needs 4 blocks now
-    small = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=4)  # needs 1 block now
-    queue(scheduler, big, small)
-    batch = scheduler.schedule_next_batch()
-    assert [s.request_id for s in batch] == [small.id], "only the request that fits should be scheduled"
-    assert list(scheduler.waiting_queue) == [big], "the request that did not fit should still wait, at the head"
-    assert list(scheduler.active_pool) == [small.id], "the admitted request (not the queue's head) should run"
-    assert big.status is RequestStatus.WAITING and big.num_computed_tokens == 0, "a skipped request must be untouched"
+def test_a_running_prefill_that_gets_no_room_is_not_scheduled():
+    scheduler, manager = make(block_size=8)
+    request = prefilling(scheduler, manager, 0, prompt_len=40, computed=16)
+    calls = refuse_memory(scheduler)
+    assert scheduler._schedule_prefill_chunk(request, 16) is None, "no room: the chunk must not be scheduled"
+    assert calls == [(request.id, 16)], "room for a running request's chunk must come from self._allocate_or_preempt"
+    assert request.num_computed_tokens == 16, "a chunk that got no room must not advance the request"
 
 
 @pytest.mark.ex2_2
@@ -167,12 +218,25 @@ def test_failed_admission_changes_nothing():
     hold_blocks(manager, 12)
     request = Request(id=0, prompt_tokens=prompt(8), max_new_tokens=2)
     queue(scheduler, request)
-    batch = scheduler.schedule_next_batch()
-    assert batch == [], "nothing fits, so nothing should be scheduled"
+    assert scheduler._admit(request, 64) is None, "nothing fits, so the admission should fail (None)"
     assert list(scheduler.waiting_queue) == [request] and not scheduler.active_pool, "the request should keep waiting"
+    assert request.num_computed_tokens == 0, "a request that was not admitted has nothing computed"
     assert manager.get_num_free_blocks() == 1 and manager.get_block_ids(request) == [], (
         "a failed admission must not hold any block"
     )
+
+
+@pytest.mark.ex2_2
+def test_a_newcomer_preempts_nobody():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    running = decoding(scheduler, manager, 0, prompt_len=11, outputs=[5])  # 11 cached: 3 blocks
+    newcomer = Request(id=1, prompt_tokens=prompt(8), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    assert scheduler._admit(newcomer, 64) is None, "a newcomer that does not fit should not be admitted"
+    assert running.status is RequestStatus.RUNNING and len(manager.get_block_ids(running)) == 3, (
+        "admitting a newcomer must never preempt a running request"
+    )
+    assert scheduler.num_preemptions == 0, "nobody should be preempted for a newcomer"
 
 
 @pytest.mark.ex2_2
@@ -193,65 +257,243 @@ def test_admission_uses_prefix_cache_hits():
     scheduler = StallFreeScheduler(64, 4, manager)
     request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=2)
     queue(scheduler, request)
-    batch = scheduler.schedule_next_batch()
-    assert manager.calls and manager.calls[0][1] == 8, "allocate_slots should be told how many tokens were cache hits"
-    assert batch and batch[0].position_ids_start == 8, "the first chunk should start after the cached prefix"
-    assert batch[0].tokens == request.prompt_tokens[8:], "only the tokens after the cached prefix should be fed"
+    seq = scheduler._admit(request, 64)
+    assert manager.calls and manager.calls[0] == (12, 8), (
+        "allocate_slots should be asked for the 12 tokens after the 8 cache hits, and told about the hits"
+    )
+    assert seq is not None and seq.position_ids_start == 8, "the first chunk should start after the cached prefix"
+    assert seq.tokens == request.prompt_tokens[8:], "only the tokens after the cached prefix should be fed"
     assert request.num_computed_tokens == 20, "cached and newly scheduled tokens both count as computed"
-
-
-@pytest.mark.ex2_2
-def test_admission_respects_the_batch_size():
-    scheduler, _ = make(max_batch_size=2)
-    requests = [Request(id=i, prompt_tokens=prompt(3), max_new_tokens=2) for i in range(3)]
-    queue(scheduler, *requests)
-    batch = scheduler.schedule_next_batch()
-    assert len(batch) <= 2 and len(scheduler.active_pool) <= 2, "more requests run than max_batch_size allows"
-    assert [s.request_id for s in batch] == [0, 1], "admissions should follow the queue order"
 
 
 # --------------------------------------------------------------------------------------- 2.3
 @pytest.mark.ex2_3
 def test_a_complete_request_gives_its_blocks_back_and_others_keep_theirs():
     scheduler, manager = make(num_blocks=16, block_size=4)
-    done = decoding(scheduler, manager, 0, prompt_len=6, outputs=[3], max_new_tokens=2)
+    done = decoding(scheduler, manager, 0, prompt_len=6, outputs=[3, 4], max_new_tokens=2)
     going = decoding(scheduler, manager, 1, prompt_len=6, outputs=[3], max_new_tokens=5)
-    batch = scheduler.schedule_next_batch()
-    finished = scheduler.update_from_output(batch, {0: 11, 1: 12})
-    assert finished == [done], "update_from_output should return exactly the requests it finished"
-    assert done.status is RequestStatus.FINISHED, "a request with all its tokens should be FINISHED"
-    assert done.id not in scheduler.active_pool, "a finished request should leave active_pool"
+    scheduler._finish(done)
+    assert done.status is RequestStatus.FINISHED, "a finished request's status should be FINISHED"
+    assert list(scheduler.active_pool) == [going.id], "a finished request should leave active_pool, and only it"
     assert manager.get_block_ids(done) == [], "a finished request's blocks should be freed"
     assert going.status is RequestStatus.RUNNING and len(manager.get_block_ids(going)) == 2, (
         "an unfinished request must keep its blocks"
     )
     assert manager.get_num_free_blocks() == 16 - 2, "the free-block count is off after freeing"
+    assert scheduler.finished == [done], "the finished request should be listed once in scheduler.finished"
 
 
 @pytest.mark.ex2_3
+def test_freed_blocks_are_there_for_the_next_request_at_once():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    done = decoding(scheduler, manager, 0, prompt_len=14, outputs=[3], max_new_tokens=1)  # holds all 4 blocks
+    newcomer = Request(id=1, prompt_tokens=prompt(10), max_new_tokens=2)
+    assert manager.allocate_slots(newcomer, 10) is None, "(setup) the cache should be full"
+    scheduler._finish(done)
+    assert manager.get_num_free_blocks() == 4, "all of the finished request's blocks should be free at once"
+    assert manager.allocate_slots(newcomer, 10) is not None, "the freed blocks should be usable right away"
+
+
+# --------------------------------------------------------------------------------------- 2.4
+@pytest.mark.ex2_4
+def test_decodes_stay_within_the_token_budget_oldest_first():
+    scheduler, manager = make(token_budget=2)
+    requests = [decoding(scheduler, manager, i, prompt_len=5, outputs=[9]) for i in range(3)]
+    batch = scheduler.schedule_next_batch()
+    assert sum(len(s.tokens) for s in batch) <= 2, "the batch went over the token budget"
+    assert [s.request_id for s in batch] == [requests[0].id, requests[1].id], (
+        "decodes should go in admission order until the budget is spent"
+    )
+    assert requests[2].num_computed_tokens == requests[2].num_tokens - 1, "an unscheduled decode must not advance"
+
+
+@pytest.mark.ex2_4
+def test_a_step_is_decodes_then_one_prefill_then_admissions():
+    scheduler, manager = make(block_size=8, token_budget=64)
+    first = decoding(scheduler, manager, 0, prompt_len=6, outputs=[1])
+    chunked = prefilling(scheduler, manager, 1, prompt_len=30, computed=8)
+    other = prefilling(scheduler, manager, 2, prompt_len=30, computed=8)
+    second = decoding(scheduler, manager, 3, prompt_len=6, outputs=[1])
+    newcomer = Request(id=4, prompt_tokens=prompt(10), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    batch = scheduler.schedule_next_batch()
+    kinds = [(s.request_id, s.is_decode) for s in batch]
+    assert kinds == [(first.id, True), (second.id, True), (chunked.id, False), (newcomer.id, False)], (
+        f"expected the decodes (oldest first), then ONE prefill in progress (the oldest), then the admission; "
+        f"got (request id, is_decode) = {kinds}"
+    )
+    assert other.num_computed_tokens == 8, "only one prefill in progress may advance per step"
+    assert len(batch[2].tokens) == 22, "the prefill in progress should get all its remaining tokens (budget allows)"
+
+
+@pytest.mark.ex2_4
+def test_the_budget_and_the_batch_size_hold_across_the_passes():
+    scheduler, manager = make(token_budget=10, max_batch_size=8)
+    decoding(scheduler, manager, 0, prompt_len=5, outputs=[9])
+    newcomer = Request(id=1, prompt_tokens=prompt(20), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    batch = scheduler.schedule_next_batch()
+    assert [len(s.tokens) for s in batch] == [1, 9], "a decode, then a first chunk that uses the 9 tokens left"
+    scheduler, manager = make(max_batch_size=2)
+    for i in range(2):
+        decoding(scheduler, manager, i, prompt_len=5, outputs=[9])
+    queue(scheduler, Request(id=5, prompt_tokens=prompt(3), max_new_tokens=2))
+    batch = scheduler.schedule_next_batch()
+    assert len(batch) == 2 and 5 not in scheduler.active_pool, "a full batch (max_batch_size) admits nobody"
+
+
+@pytest.mark.ex2_4
+def test_a_long_prompt_is_chunked_and_continued_step_after_step():
+    scheduler, manager = make(block_size=8, token_budget=16)
+    request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
+    queue(scheduler, request)
+    starts, samples = [], []
+    for _ in range(3):
+        batch = scheduler.schedule_next_batch()
+        assert len(batch) == 1, "the request should get one prefill chunk per step"
+        starts.append(batch[0].position_ids_start)
+        samples.append(batch[0].samples_token)
+    assert starts == [0, 16, 32], "each step's chunk should start where the cached tokens end, and fill the budget"
+    assert samples == [False, False, True], "only the chunk that completes the prompt samples a token"
+    assert len(manager.get_block_ids(request)) == 5, "the prompt's 40 tokens need 5 blocks of 8"
+
+
+@pytest.mark.ex2_4
+def test_a_step_that_preempted_admits_nobody():
+    scheduler, manager = make()
+    running = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])
+    newcomer = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    refuse_memory(scheduler, preempts=True)  # the decode preempts someone and still gets no room
+    batch = scheduler.schedule_next_batch()
+    assert batch == [], "the decode got no room, and a step that preempted must not admit anyone"
+    assert list(scheduler.waiting_queue) == [newcomer] and newcomer.status is RequestStatus.WAITING, (
+        "the memory freed by a preemption is for the running requests: the newcomer must keep waiting"
+    )
+    assert running.num_computed_tokens == 8, "the refused decode must not advance"
+
+
+# --------------------------------------------------------------------------------------- 2.5
+@pytest.mark.ex2_5
+def test_admission_stops_at_a_head_that_does_not_fit():
+    scheduler, manager = make(num_blocks=10, block_size=4)
+    hold_blocks(manager, 28)  # 7 of 10 blocks taken by someone else
+    big = Request(id=0, prompt_tokens=prompt(16), max_new_tokens=4)  # needs 4 blocks now
+    small = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=4)  # needs 1 block now
+    queue(scheduler, big, small)
+    batch = scheduler.schedule_next_batch()
+    assert batch == [], "first come, first served: when the head does not fit, nobody behind it is admitted"
+    assert list(scheduler.waiting_queue) == [big, small], "both should keep waiting, in their order"
+    assert big.status is RequestStatus.WAITING and small.status is RequestStatus.WAITING, "nobody was admitted"
+    assert manager.get_num_free_blocks() == 3, "a step that admits nobody must not hold any new block"
+
+
+@pytest.mark.ex2_5
+def test_admission_follows_the_queue_and_the_batch_size():
+    scheduler, _ = make(max_batch_size=2)
+    requests = [Request(id=i, prompt_tokens=prompt(3), max_new_tokens=2) for i in range(3)]
+    queue(scheduler, *requests)
+    batch = scheduler.schedule_next_batch()
+    assert [s.request_id for s in batch] == [0, 1], "admissions should follow the queue order, up to max_batch_size"
+    assert len(scheduler.active_pool) == 2 and list(scheduler.waiting_queue) == [requests[2]], (
+        "the third request should wait: max_batch_size requests are running"
+    )
+
+
+@pytest.mark.ex2_5
+def test_running_requests_count_against_the_batch_size():
+    scheduler, manager = make(max_batch_size=3, token_budget=64)
+    decoding(scheduler, manager, 0, prompt_len=5, outputs=[9])
+    prefilling(scheduler, manager, 1, prompt_len=30, computed=8)
+    prefilling(scheduler, manager, 2, prompt_len=30, computed=8)  # running, but gets no chunk this step
+    queue(scheduler, Request(id=3, prompt_tokens=prompt(3), max_new_tokens=2))
+    scheduler.schedule_next_batch()
+    assert len(scheduler.active_pool) <= 3, "admission must keep the running set within max_batch_size"
+
+
+def steady_stream_run(scheduler: StallFreeScheduler, arrival_steps: int = 150):
+    """Three small requests, then a 40-token one, then a new small request after every step."""
+    ids = itertools.count(100)
+    queue(scheduler, *toy_requests([6, 6, 6], max_new_tokens=6, seed=1, first_id=10))
+    head = toy_requests([40], max_new_tokens=8, seed=2)[0]
+    queue(scheduler, head)
+
+    def arrive(iteration, batch, scheduler):
+        if iteration < arrival_steps:
+            queue(scheduler, toy_requests([6], max_new_tokens=6, seed=iteration, first_id=next(ids))[0])
+
+    return head, run(scheduler, on_step=arrive, max_iterations=2_000)
+
+
+@pytest.mark.ex2_5
+def test_a_large_request_is_not_starved_by_a_stream_of_small_ones():
+    scheduler, manager = make(num_blocks=16, block_size=4, token_budget=64, max_batch_size=8)
+    head, trace = steady_stream_run(scheduler)
+    finished_at = next((step.iteration for step in trace.steps if head.id in step.finished), None)
+    assert finished_at is not None and finished_at <= 40, (
+        "a 40-token request at the head of the queue should finish within 40 steps while small requests keep "
+        f"arriving (one per step); it finished at step {finished_at} of {len(trace.steps)}. Skipping past a head "
+        "that does not fit lets the small ones take every freed block."
+    )
+    assert head.output_tokens == toy_generate(head.prompt_tokens, 8), "the large request's outputs are wrong"
+    assert manager.get_num_free_blocks() == 16, "all blocks should be free at the end"
+
+
+# --------------------------------------------------------------------------------------- 2.6
+@pytest.mark.ex2_6
+def test_update_appends_tokens_and_returns_what_it_finished():
+    scheduler, manager = make(num_blocks=16, block_size=4)
+    done = decoding(scheduler, manager, 0, prompt_len=6, outputs=[3], max_new_tokens=2)
+    going = decoding(scheduler, manager, 1, prompt_len=6, outputs=[3], max_new_tokens=5)
+    batch = scheduler.schedule_next_batch()
+    finished = scheduler.update_from_output(batch, {0: 11, 1: 12})
+    assert done.output_tokens == [3, 11] and going.output_tokens == [3, 12], "each sampled token should be appended"
+    assert finished == [done], "update_from_output should return exactly the requests it finished"
+    assert done.status is RequestStatus.FINISHED and done.id not in scheduler.active_pool, (
+        "a request with all its tokens should be FINISHED and leave active_pool"
+    )
+    assert manager.get_block_ids(done) == [] and len(manager.get_block_ids(going)) == 2, (
+        "the finished request's blocks should be freed, the other's kept"
+    )
+
+
+@pytest.mark.ex2_6
 def test_end_of_sequence_token_finishes_and_frees():
     scheduler, manager = make()
     request = decoding(scheduler, manager, 0, prompt_len=5, outputs=[3], max_new_tokens=10)
     request.eos_token_id = 0
     batch = scheduler.schedule_next_batch()
-    scheduler.update_from_output(batch, {0: 0})
+    assert scheduler.update_from_output(batch, {0: 0}) == [request], "the finished request should be returned"
     assert request.status is RequestStatus.FINISHED, "sampling the end-of-sequence token should finish the request"
     assert manager.get_num_free_blocks() == manager.num_blocks, "the finished request's blocks should be freed"
     assert not scheduler.has_unfinished_requests(), "nothing should be left to run"
 
 
-@pytest.mark.ex2_3
-def test_freed_blocks_let_the_next_request_run():
-    scheduler, manager = make(num_blocks=4, block_size=4)  # room for one request at a time
-    requests = toy_requests([13, 13], max_new_tokens=3, seed=3)
-    run_all(scheduler, requests)
-    for request in requests:
-        assert request.status is RequestStatus.FINISHED, "every request should finish once memory is freed"
-        assert request.output_tokens == toy_generate(request.prompt_tokens, 3), "a request's outputs are wrong"
-    assert manager.get_num_free_blocks() == 4, "all blocks should be free at the end"
+@pytest.mark.ex2_6
+def test_a_chunk_that_does_not_reach_the_end_samples_nothing():
+    scheduler, _ = make(block_size=8, token_budget=16)
+    request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
+    queue(scheduler, request)
+    batch = scheduler.schedule_next_batch()
+    assert scheduler.update_from_output(batch, {}) == [], "a mid-prompt chunk finishes nothing"
+    assert request.output_tokens == [] and request.status is RequestStatus.RUNNING, (
+        "a chunk that does not complete the prompt must not append a token"
+    )
 
 
-@pytest.mark.ex2_3
+@pytest.mark.ex2_6
+def test_a_missing_token_or_a_stale_batch_is_a_clear_error():
+    scheduler, manager = make()
+    decoding(scheduler, manager, 0, prompt_len=5, outputs=[3], max_new_tokens=1)
+    batch = scheduler.schedule_next_batch()
+    with pytest.raises(ValueError, match="0"):
+        scheduler.update_from_output(batch, {})  # the decode must sample, but no token came back
+    scheduler.update_from_output(batch, {0: 7})
+    with pytest.raises(ValueError, match="not running"):
+        scheduler.update_from_output(batch, {0: 7})  # the same batch again: request 0 has finished
+
+
+@pytest.mark.ex2_6
 def test_one_token_request_finishes_after_its_prefill():
     scheduler, manager = make()
     request = Request(id=0, prompt_tokens=prompt(9), max_new_tokens=1)
@@ -263,7 +505,18 @@ def test_one_token_request_finishes_after_its_prefill():
     assert manager.get_num_free_blocks() == manager.num_blocks, "its blocks should be freed"
 
 
-# --------------------------------------------------------------------------------------- 2.4
+@pytest.mark.ex2_6
+def test_freed_blocks_let_the_next_request_run():
+    scheduler, manager = make(num_blocks=4, block_size=4)  # room for one request at a time
+    requests = toy_requests([13, 13], max_new_tokens=3, seed=3)
+    run_all(scheduler, requests)
+    for request in requests:
+        assert request.status is RequestStatus.FINISHED, "every request should finish once memory is freed"
+        assert request.output_tokens == toy_generate(request.prompt_tokens, 3), "a request's outputs are wrong"
+    assert manager.get_num_free_blocks() == 4, "all blocks should be free at the end"
+
+
+# --------------------------------------------------------------------------------------- 2.7
 def three_running(num_blocks: int = 32):
     """Scheduler with requests 0, 1, 2 running (admitted in that order) and request 3 waiting."""
     scheduler, manager = make(num_blocks=num_blocks, block_size=4)
@@ -273,14 +526,14 @@ def three_running(num_blocks: int = 32):
     return scheduler, manager, running, waiting
 
 
-@pytest.mark.ex2_4
+@pytest.mark.ex2_7
 def test_preemption_picks_the_most_recently_admitted_and_frees_it():
     scheduler, manager, running, _ = three_running()
     free_before = manager.get_num_free_blocks()
     held = len(manager.get_block_ids(running[2]))
     victim = scheduler._preempt_most_recent()
     assert victim is running[2], "the victim should be the most recently admitted running request"
-    assert victim.id not in scheduler.active_pool, "the victim should leave the running set"
+    assert list(scheduler.active_pool) == [running[0].id, running[1].id], "the victim, and only it, leaves"
     assert manager.get_block_ids(victim) == [] and manager.get_num_free_blocks() == free_before + held, (
         "the victim's blocks should all be freed"
     )
@@ -289,7 +542,7 @@ def test_preemption_picks_the_most_recently_admitted_and_frees_it():
     assert victim.output_tokens == [1, 2], "generated tokens must be kept (they are recomputed, not lost)"
 
 
-@pytest.mark.ex2_4
+@pytest.mark.ex2_7
 def test_preempted_requests_go_to_the_head_of_the_queue_and_are_counted():
     scheduler, _, running, waiting = three_running()
     scheduler._preempt_most_recent()
@@ -303,21 +556,49 @@ def test_preempted_requests_go_to_the_head_of_the_queue_and_are_counted():
     assert scheduler.num_preemptions == 2, "the scheduler should count every preemption"
 
 
-@pytest.mark.ex2_4
-def test_a_decode_without_memory_preempts_the_newest_request():
+# --------------------------------------------------------------------------------------- 2.8
+@pytest.mark.ex2_8
+def test_a_decode_at_a_block_boundary_with_no_free_block_preempts_the_newest():
     scheduler, manager = make(num_blocks=4, block_size=4)
     older = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
     newer = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
-    batch = scheduler.schedule_next_batch()
-    assert [s.request_id for s in batch] == [older.id], "the older request should decode after preempting the newer"
+    seq = scheduler._schedule_decode(older)
+    assert seq is not None, "the older request's decode should get room by preempting the newer one"
     assert newer.status is RequestStatus.PREEMPTED and scheduler.waiting_queue[0] is newer, (
         "the newer request should be preempted and wait at the head of the queue"
     )
     assert len(manager.get_block_ids(older)) == 3, "the older request should get the block it needed"
 
 
-@pytest.mark.ex2_4
+@pytest.mark.ex2_8
 def test_the_newest_request_steps_back_itself():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    older = decoding(scheduler, manager, 0, prompt_len=3, outputs=[5])  # 4 cached: 1 full block
+    newest = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
+    hold_blocks(manager, 4)  # the last block
+    assert scheduler._allocate_or_preempt(newest, 1) is False, (
+        "with no block free, the newest request must step back itself (return False)"
+    )
+    assert newest.status is RequestStatus.PREEMPTED and list(scheduler.waiting_queue) == [newest], (
+        "it should be preempted and wait at the head of the queue"
+    )
+    assert older.status is RequestStatus.RUNNING and list(scheduler.active_pool) == [older.id], (
+        "an older request must never be preempted for a newer one"
+    )
+
+
+@pytest.mark.ex2_8
+def test_preemption_stops_as_soon_as_it_fits():
+    scheduler, manager, running, _ = three_running(num_blocks=7)  # 2 + 2 + 3 blocks held: none free
+    assert manager.get_num_free_blocks() == 0, "(setup) the cache should be full"
+    assert scheduler._allocate_or_preempt(running[0], 2) is True, "the oldest request should get its block"
+    assert scheduler.num_preemptions == 1 and list(scheduler.active_pool) == [running[0].id, running[1].id], (
+        "one victim (the newest) freed enough: nobody else should be preempted"
+    )
+
+
+@pytest.mark.ex2_8
+def test_a_step_without_memory_preempts_and_the_newest_steps_back():
     scheduler, manager = make(num_blocks=4, block_size=4)
     hold_blocks(manager, 8)
     request = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
@@ -329,7 +610,7 @@ def test_the_newest_request_steps_back_itself():
     assert manager.get_num_free_blocks() == 2, "its blocks should be freed"
 
 
-@pytest.mark.ex2_4
+@pytest.mark.ex2_8
 def test_preemption_loses_nothing():
     scheduler, manager = make(num_blocks=12, block_size=4, token_budget=16, max_batch_size=4)
     requests = toy_requests([14, 9, 17, 6], max_new_tokens=[20, 25, 12, 30], seed=4)
@@ -344,8 +625,8 @@ def test_preemption_loses_nothing():
     assert manager.get_num_free_blocks() == 12, "all blocks should be free at the end"
 
 
-# --------------------------------------------------------------------------------------- 2.5
-@pytest.mark.ex2_5
+# --------------------------------------------------------------------------------------- 2.9
+@pytest.mark.ex2_9
 def test_a_request_that_can_never_fit_is_rejected_with_a_reason():
     scheduler, _ = make(num_blocks=4, block_size=4)  # 16 tokens in all
     request = Request(id=0, prompt_tokens=prompt(10), max_new_tokens=7)
@@ -357,16 +638,17 @@ def test_a_request_that_can_never_fit_is_rejected_with_a_reason():
     assert not scheduler.has_unfinished_requests(), "a rejected request is settled, not unfinished"
 
 
-@pytest.mark.ex2_5
+@pytest.mark.ex2_9
 def test_a_request_that_fits_exactly_is_accepted():
     scheduler, _ = make(num_blocks=4, block_size=4)
     request = Request(id=0, prompt_tokens=prompt(10), max_new_tokens=6)
+    assert scheduler._reject_if_never_fits(request) is False, "a request that fits the whole cache is not rejected"
     scheduler.add_request(request)
     assert request.status is RequestStatus.WAITING, "a request that fits the whole cache should wait, not be rejected"
     assert list(scheduler.waiting_queue) == [request] and not scheduler.rejected, "it should be in the waiting queue"
 
 
-@pytest.mark.ex2_5
+@pytest.mark.ex2_9
 def test_a_prompt_longer_than_the_cache_is_rejected():
     scheduler, _ = make(num_blocks=2, block_size=8)
     request = Request(id=0, prompt_tokens=prompt(17), max_new_tokens=1)
@@ -374,7 +656,7 @@ def test_a_prompt_longer_than_the_cache_is_rejected():
     assert request.status is RequestStatus.REJECTED, "a prompt bigger than the cache should be REJECTED"
 
 
-@pytest.mark.ex2_5
+@pytest.mark.ex2_9
 def test_a_rejected_request_does_not_stop_the_others():
     scheduler, manager = make(num_blocks=6, block_size=4)
     ok_a, too_big, ok_b = toy_requests([8, 30, 5], max_new_tokens=[4, 4, 6], seed=5)
