@@ -1,9 +1,18 @@
-"""LLMEngine: the scheduler, the paged KV-cache manager and the model runner, in one generate loop.
+"""The engine loop: schedule -> execute -> update, one step at a time, recorded, timed and fault-safe.
 
 Each step (vLLM v1's EngineCore.step, in miniature):
     batch = scheduler.schedule_next_batch()          # memory is allocated before anything runs
-    tokens = runner.execute(batch, block tables)     # one GPT-2 forward over every scheduled token
+    tokens = executor.execute(batch, block tables)   # one forward over every scheduled token
     scheduler.update_from_output(batch, tokens)      # append samples, finish and free requests
+
+`EngineCore` is that loop over any scheduler and any executor, and every step yields the same
+`StepRecord`: notebooks 01-04 drive it with the toy model (`kvcourse.toy.run`), and `LLMEngine` with
+GPT-2's `ModelRunner`.
+
+A fault never poisons the engine. If scheduling, the executor or the update raises (a bug in an
+exercise, a device error, Ctrl-C), the requests the step touched end as FAILED with a reason, every
+one of their blocks goes back, and the error is re-raised with their ids in a note: the next call is
+served normally. Bad input never gets that far: it is refused in words before anything is queued.
 
 Decoding is greedy and ignores end-of-sequence (vLLM's `ignore_eos=True`, what benchmarks use):
 every request gets exactly `max_new_tokens` tokens, so its output compares one to one with
@@ -13,26 +22,318 @@ prompt alone (`hf_greedy` below).
 
 from __future__ import annotations
 
+import contextlib
+import numbers
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
 from tqdm import tqdm
 
-from kvcourse.kv_cache import KVCacheManager
-from kvcourse.kv_cache_interface import blocks_needed
-from kvcourse.model_runner import ModelRunner
-from kvcourse.request import Request
-from kvcourse.scheduler import StallFreeScheduler
+from kvcourse.kv_cache_interface import ExecutorProtocol, SchedulerProtocol, blocks_needed
+from kvcourse.request import Request, RequestStatus, validate_max_new_tokens, validate_prompt_tokens
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvcourse.kv_cache import KVCacheManager
 
 Prompt = str | Sequence[int]
 PROGRESS_MIN_TOKENS = 256  # show a progress bar by default when a run generates at least this many tokens
+PHASES = ("schedule", "execute", "update")  # the parts of a step that are timed (EngineStats.step_seconds)
+
+
+# ----------------------------------------------------------------------------------------------
+# What a step did: one record type for the toy world and the GPT-2 engine
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepRecord:
+    """What one iteration did, for printing and plotting."""
+
+    iteration: int
+    scheduled: list[tuple[int, str, int]]  # (request id, "prefill" or "decode", tokens fed)
+    positions: list[tuple[int, int]]  # (first, last) position of each scheduled sequence
+    samples: list[bool]  # whether each scheduled sequence sampled a token
+    resident_tokens: int  # tokens whose K/V the running requests hold during this step
+    num_free_blocks: int | None  # after the step (None for a scheduler without a KV manager)
+    preempted: list[int]  # request ids preempted while planning this step
+    num_preemptions: int  # total so far
+    finished: list[int]  # request ids finished by this step
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase (see PHASES)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens fed in this step (at most the token budget)."""
+        return sum(n for _, _, n in self.scheduled)
+
+    def __str__(self) -> str:
+        """One readable line (see format_step)."""
+        return format_step(self)
+
+
+@dataclass
+class Trace:
+    """Everything a run did, step by step, plus the requests it saw."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    requests: dict[int, Request] = field(default_factory=dict)
+    capacity_blocks: int | None = None
+    block_size: int | None = None
+
+    @property
+    def num_preemptions(self) -> int:
+        """Preemptions over the whole run."""
+        return self.steps[-1].num_preemptions if self.steps else 0
+
+    @property
+    def peak_resident_tokens(self) -> int:
+        """The most KV the running requests held at once."""
+        return max((s.resident_tokens for s in self.steps), default=0)
+
+    def outputs(self) -> dict[int, list[int]]:
+        """Every seen request's generated tokens, by id."""
+        return {rid: list(r.output_tokens) for rid, r in sorted(self.requests.items())}
+
+    def format(self, limit: int | None = None) -> str:
+        """One readable line per iteration (the first `limit` ones when given)."""
+        steps = self.steps if limit is None else self.steps[:limit]
+        lines = [format_step(step) for step in steps]
+        if limit is not None and len(self.steps) > limit:
+            lines.append(f"... {len(self.steps) - limit} more iterations")
+        return "\n".join(lines)
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        """The steps, so `print(*engine.trace, sep="\\n")` prints one line each."""
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        """Number of steps recorded."""
+        return len(self.steps)
+
+
+def format_step(step: StepRecord) -> str:
+    """`it  3 | R0 decode @15 | R1 prefill 16 @0-15 | free 93` (* = samples a token)."""
+    parts = []
+    for (rid, kind, n), (first, last), samples in zip(step.scheduled, step.positions, step.samples):
+        where = f"@{first}" if first == last else f"@{first}-{last}"
+        size = "" if kind == "decode" else f" {n}"
+        parts.append(f"R{rid} {kind}{size} {where}{'*' if samples and kind != 'decode' else ''}")
+    line = f"it {step.iteration:>3} | " + (", ".join(parts) if parts else "nothing scheduled")
+    if step.num_free_blocks is not None:
+        line += f" | free {step.num_free_blocks}"
+    if step.preempted:
+        line += f" | preempted {', '.join(f'R{r}' for r in step.preempted)}"
+    if step.finished:
+        line += f" | finished {', '.join(f'R{r}' for r in step.finished)}"
+    return line
+
+
+class Deadlock(RuntimeError):
+    """The scheduler planned an empty step while requests were unfinished: nothing can ever change."""
+
+    trace: Trace | None = None  # the steps before the stall (set by `kvcourse.toy.run`)
+
+
+class BatchContractError(RuntimeError):
+    """The scheduler returned a batch entry for a request that is not running (a scheduler bug)."""
+
+
+def describe_stall(scheduler: SchedulerProtocol, iteration: int) -> str:
+    """Why the run cannot go on, in words a learner can act on."""
+    running = list(scheduler.active_pool)
+    waiting = [r.id for r in scheduler.waiting_queue]
+    manager = scheduler.kv_cache_manager
+    free = f"; {manager.get_num_free_blocks()} of {manager.num_blocks} blocks free" if manager is not None else ""
+    head = (
+        f"iteration {iteration}: the scheduler planned an empty batch with requests unfinished "
+        f"(running {running}, waiting {waiting}{free})"
+    )
+    if running:
+        return (
+            f"{head}: each running request needs one more block, only another running request could "
+            "give one back, and none of them can run to the end to do so. The next step would be the "
+            "same: a deadlock."
+        )
+    return (
+        f"{head}: nothing is running and nothing was admitted. A correct scheduler moves its oldest "
+        "request forward every step; is a request that can never fit the cache in the way?"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------
+
+
+class EngineCore:
+    """One scheduler and one executor, stepped together: each step recorded, timed, and safe to fail."""
+
+    def __init__(
+        self,
+        scheduler: SchedulerProtocol,
+        executor: ExecutorProtocol,
+        before_execute: Callable[[], None] | None = None,
+    ) -> None:
+        """before_execute runs right before each batch (the GPT-2 engine applies copy-on-write copies there)."""
+        self.scheduler = scheduler
+        self.executor = executor
+        self.before_execute = before_execute
+        self.on_schedule: Callable[[StepRecord], None] | None = None  # sees each step's plan before it runs
+        self.last_batch: list = []  # the latest step's scheduled sequences
+        self.iteration = 0
+        self.num_failed = 0  # requests ended by a fault, over the core's life
+        self.trace = self.new_trace()
+
+    def new_trace(self) -> Trace:
+        """An empty trace that knows the cache's size (for plots)."""
+        manager = self.scheduler.kv_cache_manager
+        if manager is None:
+            return Trace()
+        return Trace(capacity_blocks=manager.num_blocks, block_size=manager.block_size)
+
+    def remember(self, requests: Iterable[Request]) -> None:
+        """List requests in the trace (so `trace.outputs()` covers them)."""
+        for request in requests:
+            self.trace.requests.setdefault(request.id, request)
+
+    def step(self) -> StepRecord:
+        """Schedule, execute and update once; raises Deadlock when nothing can be scheduled."""
+        self.iteration += 1
+        scheduler, seconds = self.scheduler, {}
+        preemptions_before = {r.id: r.num_preemptions for r in self._unfinished()}
+        with self._timed("schedule", seconds), self._fail_on_error("scheduling", self._touched_by_planning):
+            batch = self.last_batch = scheduler.schedule_next_batch()
+            self._check_batch(batch)
+        if not batch:
+            raise Deadlock(describe_stall(scheduler, self.iteration))
+        record = self._record(batch, preemptions_before, seconds)
+        if self.on_schedule is not None:
+            self.on_schedule(record)
+        in_batch = [scheduler.active_pool[seq.request_id] for seq in batch]
+        with self._timed("execute", seconds), self._fail_on_error("the executor (the model)", lambda: in_batch):
+            if self.before_execute is not None:
+                self.before_execute()
+            sampled = self.executor.execute(batch, self._block_tables(in_batch))
+        with self._timed("update", seconds), self._fail_on_error("update_from_output", lambda: in_batch):
+            finished = scheduler.update_from_output(batch, sampled)
+        record.finished = [r.id for r in finished]
+        manager = scheduler.kv_cache_manager
+        record.num_free_blocks = manager.get_num_free_blocks() if manager is not None else None
+        return record
+
+    def fail_requests(self, requests: Sequence[Request], reason: str) -> list[Request]:
+        """End requests after a fault: FAILED, blocks back, and no later prefix hit reads a block never written."""
+        failed = self.scheduler.finish_requests([r.id for r in requests], RequestStatus.FAILED, reason)
+        _forget_free_cached_blocks(self.scheduler.kv_cache_manager)
+        self.num_failed += len(failed)
+        return failed
+
+    # ---- helpers ----
+    def _unfinished(self) -> list[Request]:
+        """Running then waiting requests."""
+        return list(self.scheduler.active_pool.values()) + list(self.scheduler.waiting_queue)
+
+    def _touched_by_planning(self) -> list[Request]:
+        """After a fault while planning: the running requests and any waiting one the plan reached."""
+        manager = self.scheduler.kv_cache_manager
+        return list(self.scheduler.active_pool.values()) + [
+            r
+            for r in self.scheduler.waiting_queue
+            if r.num_computed_tokens or (manager is not None and manager.get_block_ids(r))
+        ]
+
+    def _check_batch(self, batch: list) -> None:
+        """The scheduler's contract: a batch holds only RUNNING requests (never one preempted while planning)."""
+        for seq in batch:
+            if seq.request_id not in self.scheduler.active_pool:
+                raise BatchContractError(
+                    f"the scheduler's batch contains request {seq.request_id}, which is not running (preempted "
+                    "while planning the same step?): its blocks are gone, so it cannot run. A batch may only "
+                    "hold running requests: a request preempted after being scheduled must leave the batch."
+                )
+
+    def _record(self, batch: list, preemptions_before: dict[int, int], seconds: dict[str, float]) -> StepRecord:
+        """The step as planned (what ran; finished and free blocks are filled in after the update)."""
+        running = list(self.scheduler.active_pool.values())
+        self.remember(running)
+        return StepRecord(
+            iteration=self.iteration,
+            scheduled=[(s.request_id, "decode" if s.is_decode else "prefill", len(s.tokens)) for s in batch],
+            positions=[(s.position_ids_start, s.position_ids_start + len(s.tokens) - 1) for s in batch],
+            samples=[bool(s.samples_token) for s in batch],
+            resident_tokens=sum(r.num_computed_tokens for r in running),
+            num_free_blocks=None,
+            preempted=[
+                r.id for r in self._unfinished() if r.num_preemptions > preemptions_before.get(r.id, r.num_preemptions)
+            ],
+            num_preemptions=self.scheduler.num_preemptions,
+            finished=[],
+            seconds=seconds,
+        )
+
+    def _block_tables(self, requests: list[Request]) -> dict[int, list[int]] | None:
+        """Each request's block table, as a paged executor needs them (None without a KV manager)."""
+        manager = self.scheduler.kv_cache_manager
+        if manager is None:
+            return None
+        return {r.id: manager.get_block_ids(r) for r in requests}
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str, seconds: dict[str, float]) -> Iterator[None]:
+        """Add the wall time of a phase to this step's record."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds[phase] = time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def _fail_on_error(self, phase: str, affected: Callable[[], list[Request]]) -> Iterator[None]:
+        """If the phase raises, end the requests it touched as FAILED (blocks back), then re-raise with their ids."""
+        try:
+            yield
+        except BaseException as error:  # Ctrl-C mid-step leaves the same half-done state
+            victims = [r for r in affected() if not r.status.is_finished()]
+            reason = f"step {self.iteration} failed in {phase}: {type(error).__name__}: {error}"
+            try:
+                self.fail_requests(victims, reason)
+                outcome = "were marked FAILED and their blocks given back; the engine can take new work"
+            except Exception as cleanup_error:  # report both; the first error is the one to fix
+                outcome = f"could not be cleaned up ({type(cleanup_error).__name__}: {cleanup_error})"
+            error.add_note(
+                f"kvcourse: step {self.iteration} failed in {phase}; requests {[r.id for r in victims]} {outcome}."
+            )
+            raise
+
+
+def _forget_free_cached_blocks(manager: object) -> None:
+    """After a fault: blocks published for a step that never ran hold no K/V; unpublish every block nobody holds.
+
+    (A block a surviving request holds was written in an earlier step: a block published in the failed
+    step is held only by requests of that step, which have just failed.)
+    """
+    from kvcourse.kv_cache import KVCacheManager  # here, not at the top: the toy world may not have it
+
+    if not isinstance(manager, KVCacheManager):
+        return  # the mock manager caches nothing
+    for block in manager.block_pool.blocks:
+        if block.ref_cnt == 0 and block.block_hash is not None:
+            manager.block_pool._maybe_evict_cached_block(block)
+    manager.take_pending_copies()  # copies planned for a step that never ran
+
+
+# ----------------------------------------------------------------------------------------------
+# GPT-2 through the loop
+# ----------------------------------------------------------------------------------------------
 
 
 @dataclass
 class EngineStats:
-    """What the last generate() call did: steps, tokens, preemptions and prefix-cache hits."""
+    """What the engine did since the last generate() (or since it was built): steps, tokens, time."""
 
     iterations: int = 0
     prompt_tokens: int = 0
@@ -40,30 +341,8 @@ class EngineStats:
     scheduled_tokens: int = 0  # tokens fed to the model (prefill chunks, recomputes and decodes)
     preemptions: int = 0
     prefix_hit_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache instead of the model
-    dropped_sequences: int = 0  # scheduled, then preempted later in the same step: not run
-
-
-@dataclass
-class StepTrace:
-    """One step as the scheduler planned it, for printing the lesson's trace."""
-
-    iteration: int
-    sequences: list[tuple[int, str, int, int]]  # (request id, "prefill" or "decode", start, tokens)
-    free_blocks: int
-    num_blocks: int
-    finished: list[int] = field(default_factory=list)
-    preempted: int = 0
-
-    def __str__(self) -> str:
-        parts = [f"Req {rid}: {kind} {n} token{'s' * (n != 1)} at {start}" for rid, kind, start, n in self.sequences]
-        line = (
-            f"iter {self.iteration:>3} | " + "; ".join(parts) + f" | free blocks {self.free_blocks}/{self.num_blocks}"
-        )
-        if self.preempted:
-            line += f" | {self.preempted} preempted"
-        if self.finished:
-            line += f" | finished {self.finished}"
-        return line
+    failed_requests: int = 0  # ended by a fault inside a step (see Request.reason)
+    step_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))  # summed per phase
 
 
 class LLMEngine:
@@ -78,19 +357,30 @@ class LLMEngine:
         token_budget: int = 512,
         max_batch_size: int = 16,
         enable_prefix_caching: bool = False,
-        attention: str = "reference",
+        attention: str = "fast",  # the fastest backend; "reference" runs the learner's exercises 5.2-5.3
         tokenizer=None,
     ) -> None:
+        # Imported here, not at the top: the toy world uses EngineCore without torch or transformers.
+        from kvcourse.kv_cache import KVCacheManager
+        from kvcourse.model_runner import ModelRunner
+        from kvcourse.scheduler import StallFreeScheduler
+
         self.model = model
         self.tokenizer = tokenizer
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.kv_cache_manager: KVCacheManager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = StallFreeScheduler(token_budget, max_batch_size, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, block_size, attention)
+        self.core = EngineCore(self.scheduler, self.runner, before_execute=self._apply_block_copies)
         self.max_positions = int(model.config.n_positions)
+        self.vocab_size = int(model.config.vocab_size)
         self.stats = EngineStats()
-        self.trace: list[StepTrace] = []
         self._next_request_id = 0
         self._requests: dict[int, Request] = {}  # every request this engine was given, by id
+
+    @property
+    def trace(self) -> Trace:
+        """The steps of the last generate(trace=True) (print them with `print(*engine.trace, sep="\\n")`)."""
+        return self.core.trace
 
     # ------------------------------------------------------------------ public
     def generate(
@@ -99,110 +389,123 @@ class LLMEngine:
         """The greedy continuation of every prompt (token ids), in the order given.
 
         prompts: strings (encoded with the tokenizer, GPT-2's by default) or lists of token ids.
+        Every prompt is checked before any is queued: a bad one raises ValueError and nothing runs.
         progress: a tqdm bar on stderr; None shows it for runs of PROGRESS_MIN_TOKENS tokens or more.
         trace: record every step in `self.trace` (print them with `print(*engine.trace, sep="\\n")`).
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            raise ValueError("prompts must be a list of prompts (strings or token-id lists), even for one prompt.")
-        token_lists = [self._encode(i, prompt) for i, prompt in enumerate(prompts)]
-        self._check_requests(token_lists, max_new_tokens)
+        token_lists = self._validate(prompts, max_new_tokens)
         requests = [self._add_request(tokens, max_new_tokens) for tokens in token_lists]
-        self.stats, self.trace = EngineStats(prompt_tokens=sum(map(len, token_lists))), []
+        self.stats = EngineStats(prompt_tokens=sum(map(len, token_lists)))
+        self.core.trace = self.core.new_trace()
+        self.core.remember(requests)
         show = sum(r.max_new_tokens for r in requests) >= PROGRESS_MIN_TOKENS if progress is None else progress
-        with tqdm(
+        bar = tqdm(
             total=len(requests) * max_new_tokens,
             desc="generating",
             unit="tok",
             file=sys.stderr,
             disable=not show,
             leave=False,
-        ) as bar:
+        )
+        try:
             while self.scheduler.has_unfinished_requests():
-                sampled = self.step(trace=trace)
-                bar.update(sampled)
+                bar.update(self.step(trace=trace))
+        except BaseException as error:  # the step already failed its own requests: end the rest of this call
+            self._abort_unsettled(requests, f"generate() stopped: {type(error).__name__} in a step")
+            raise
+        finally:
+            bar.close()
         return [list(r.output_tokens) for r in requests]
 
     def add_request(self, prompt: Prompt, max_new_tokens: int) -> Request:
-        """Queue one prompt without running it (drive the engine with step(), as a benchmark does)."""
-        tokens = self._encode(0, prompt)
-        self._check_requests([tokens], max_new_tokens)
+        """Queue one prompt without running it (drive the engine with step(), as a server or benchmark does)."""
+        [tokens] = self._validate([prompt], max_new_tokens, where="the prompt")
         return self._add_request(tokens, max_new_tokens)
 
     def step(self, trace: bool = False) -> int:
-        """Schedule, run and update once; returns how many tokens were sampled."""
+        """Schedule, run and update once; returns how many tokens were sampled (read them in request.output_tokens)."""
         preemptions_before = self.scheduler.num_preemptions
         hits_before = self.kv_cache_manager.prefix_cache_stats.hits
-        batch = self.scheduler.schedule_next_batch()
-        if not batch:
-            raise RuntimeError(
-                f"the scheduler planned an empty step with requests still unfinished ({self.scheduler!r}): "
-                "the cache may be too small for even one request to make progress; raise num_blocks."
-            )
-        batch = self._drop_preempted(batch)
+        failed_before = self.core.num_failed
+        try:
+            record = self.core.step()
+        except Deadlock as stall:  # a scheduler bug: end what is stuck, so the engine can serve again
+            stuck = list(self.scheduler.active_pool.values()) + list(self.scheduler.waiting_queue)
+            self.core.fail_requests(stuck, f"deadlock: {stall}")
+            stall.add_note(f"kvcourse: requests {[r.id for r in stuck]} were marked FAILED and their blocks freed.")
+            raise
+        finally:
+            self.stats.failed_requests += self.core.num_failed - failed_before
+        self.stats.iterations += 1
         self.stats.preemptions += self.scheduler.num_preemptions - preemptions_before
         self.stats.prefix_hit_tokens += self.kv_cache_manager.prefix_cache_stats.hits - hits_before
-        if not batch:
-            return 0
-        self._apply_block_copies()
-        block_tables = {
-            seq.request_id: self.kv_cache_manager.get_block_ids(self._requests[seq.request_id]) for seq in batch
-        }
-        next_tokens = self.runner.execute(batch, block_tables)
-        sampled = {seq.request_id: next_tokens[seq.request_id] for seq in batch if self._samples(seq)}
-        finished = self.scheduler.update_from_output(batch, sampled)
-        self.stats.iterations += 1
-        self.stats.scheduled_tokens += sum(len(seq.tokens) for seq in batch)
-        self.stats.generated_tokens += len(sampled)
+        self.stats.scheduled_tokens += record.num_tokens
+        num_sampled = sum(record.samples)
+        self.stats.generated_tokens += num_sampled
+        for phase, seconds in record.seconds.items():
+            self.stats.step_seconds[phase] = self.stats.step_seconds.get(phase, 0.0) + seconds
         if trace:
-            self.trace.append(
-                StepTrace(
-                    self.stats.iterations,
-                    [
-                        (s.request_id, "decode" if s.is_decode else "prefill", s.position_ids_start, len(s.tokens))
-                        for s in batch
-                    ],
-                    self.kv_cache_manager.get_num_free_blocks(),
-                    self.kv_cache_manager.num_blocks,
-                    [r.id for r in finished],
-                    self.scheduler.num_preemptions - preemptions_before,
-                )
+            self.core.trace.steps.append(record)
+        return num_sampled
+
+    def abort(self, request_id: int, reason: str = "aborted by the caller") -> Request:
+        """Stop a request now (a client went away): status ABORTED with the reason, its blocks back at once.
+
+        Aborting a request that has already finished, failed or been aborted changes nothing.
+        """
+        if request_id not in self._requests:
+            raise ValueError(
+                f"request {request_id!r} is unknown to this engine; abort an id that add_request returned."
             )
-        return len(sampled)
+        self.scheduler.finish_requests([request_id], RequestStatus.ABORTED, reason)
+        return self._requests[request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is still waiting or running (a server steps while this is true)."""
+        return self.scheduler.has_unfinished_requests()
 
     # ------------------------------------------------------------------ helpers
-    def _encode(self, index: int, prompt: Prompt) -> list[int]:
+    def _validate(self, prompts: Sequence[Prompt], max_new_tokens: int, where: str | None = None) -> list[list[int]]:
+        """Every prompt as token ids, or a ValueError in words for the first bad one, before anything is queued."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise ValueError(
+                f"prompts is {type(prompts).__name__}; give a list of prompts (strings or token-id lists), "
+                "even for one prompt."
+            )
+        if prompts and isinstance(prompts[0], numbers.Integral) and not isinstance(prompts[0], bool):
+            raise ValueError("prompts must be a list of prompts (strings or token-id lists), even for one prompt.")
+        max_new_tokens = validate_max_new_tokens(max_new_tokens, minimum=1)
+        token_lists = [self._encode(prompt, where or f"prompt {i}") for i, prompt in enumerate(prompts)]
+        for i, tokens in enumerate(token_lists):
+            self._check_fits(tokens, max_new_tokens, where or f"prompt {i}")
+        return token_lists
+
+    def _encode(self, prompt: Prompt, where: str) -> list[int]:
         """Token ids for one prompt; strings go through the tokenizer (GPT-2's unless another was given)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 from kvcourse.models import load_tokenizer
 
                 self.tokenizer = load_tokenizer()
-            tokens = self.tokenizer.encode(prompt)
-        else:
-            tokens = [int(t) for t in prompt]
-        if not tokens:
-            raise ValueError(f"prompt {index} is empty: give at least one token (the model needs one to predict from).")
-        return tokens
+            prompt = self.tokenizer.encode(prompt)
+        return validate_prompt_tokens(prompt, self.vocab_size, where=where)
 
-    def _check_requests(self, token_lists: list[list[int]], max_new_tokens: int) -> None:
-        """Refuse, before anything runs, what could never be served, saying how to fix it."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens is {max_new_tokens!r}; it must be a whole number, 1 or more.")
+    def _check_fits(self, tokens: list[int], max_new_tokens: int, where: str) -> None:
+        """Refuse what could never be served (too long for the model or the cache), saying how to fix it."""
         manager = self.kv_cache_manager
-        for i, tokens in enumerate(token_lists):
-            total = len(tokens) + max_new_tokens
-            if total > self.max_positions:
-                raise ValueError(
-                    f"prompt {i} has {len(tokens)} tokens and asks for {max_new_tokens} more, but the model's "
-                    f"context holds {self.max_positions} positions (config.n_positions): shorten the prompt "
-                    "or lower max_new_tokens."
-                )
-            if blocks_needed(total, manager.block_size) > manager.num_blocks:
-                raise ValueError(
-                    f"prompt {i} needs {blocks_needed(total, manager.block_size)} blocks of {manager.block_size} "
-                    f"tokens at its longest, but the cache has {manager.num_blocks}: raise num_blocks, "
-                    "shorten the prompt or lower max_new_tokens."
-                )
+        total = len(tokens) + max_new_tokens
+        if total > self.max_positions:
+            raise ValueError(
+                f"{where} has {len(tokens)} tokens and asks for {max_new_tokens} more, but the model's "
+                f"context holds {self.max_positions} positions (config.n_positions): shorten the prompt "
+                "or lower max_new_tokens."
+            )
+        if blocks_needed(total, manager.block_size) > manager.num_blocks:
+            raise ValueError(
+                f"{where} needs {blocks_needed(total, manager.block_size)} blocks of {manager.block_size} "
+                f"tokens at its longest, but the cache has {manager.num_blocks}: raise num_blocks, "
+                "shorten the prompt or lower max_new_tokens."
+            )
 
     def _add_request(self, tokens: list[int], max_new_tokens: int) -> Request:
         """Hand one prompt to the scheduler under a fresh id (ids never repeat across generate calls)."""
@@ -212,36 +515,31 @@ class LLMEngine:
         self.scheduler.add_request(request)
         return request
 
-    def _drop_preempted(self, batch: list) -> list:
-        """A sequence preempted later in the same step lost its blocks: it must not run (it will be recomputed)."""
-        kept = [seq for seq in batch if seq.request_id in self.scheduler.active_pool]
-        self.stats.dropped_sequences += len(batch) - len(kept)
-        return kept
+    def _abort_unsettled(self, requests: list[Request], reason: str) -> None:
+        """End the requests that are still waiting or running (what a failed generate() call leaves behind)."""
+        unsettled = [r.id for r in requests if not r.status.is_finished()]
+        self.scheduler.finish_requests(unsettled, RequestStatus.ABORTED, reason)
 
     def _apply_block_copies(self) -> None:
         """Copy-on-write: the manager lists (src, dst) blocks whose contents must be duplicated first."""
-        take = getattr(self.kv_cache_manager, "take_pending_copies", None)
-        for src, dst in take() if take else []:
+        for src, dst in self.kv_cache_manager.take_pending_copies():
             for layer in self.runner.kv_cache.layers:
                 layer.keys[dst] = layer.keys[src]
                 layer.values[dst] = layer.values[src]
 
-    @staticmethod
-    def _samples(seq) -> bool:
-        """Whether this sequence's last token yields a new token (every decode; the last prefill chunk)."""
-        return bool(getattr(seq, "samples_token", seq.is_decode))
 
-
-@torch.inference_mode()
 def hf_greedy(model: torch.nn.Module, prompt_tokens: Sequence[int], max_new_tokens: int) -> list[int]:
     """Hugging Face's own greedy generate for one prompt, EOS ignored like the engine: the reference to match."""
+    import torch
+
     input_ids = torch.tensor([list(prompt_tokens)], device=next(model.parameters()).device)
-    output = model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=None,
-        pad_token_id=model.config.eos_token_id or 0,
-    )
+    with torch.inference_mode():
+        output = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=None,
+            pad_token_id=model.config.eos_token_id or 0,
+        )
     return output[0, input_ids.shape[1] :].tolist()

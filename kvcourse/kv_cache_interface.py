@@ -1,17 +1,18 @@
-"""The scheduler-cache contract: the handle, the protocol, and a mock manager that only counts blocks.
+"""The scheduler-cache contract: the handle, the protocols, and a mock manager that only counts blocks.
 
 The scheduler decides *which* requests run (policy); a KV-cache manager decides *where* their keys
 and values live (mechanism). They talk through the few methods of `KVCacheManagerProtocol`, so the
 scheduler runs unchanged over `MockKVCacheManager` (notebook 02) and the paged `KVCacheManager`
-(notebook 03).
+(notebook 03). The engine loop (`kvcourse.engine.EngineCore`) drives any `SchedulerProtocol` with
+any `ExecutorProtocol`: the toy model of notebooks 01-04 or GPT-2's `ModelRunner`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from kvcourse.request import Request
+from kvcourse.request import Request, RequestStatus
 
 
 def _block_id(block: Any) -> int:
@@ -96,6 +97,63 @@ class KVCacheManagerProtocol(Protocol):
     @property
     def usage(self) -> float:
         """Fraction of all blocks in use."""
+        ...
+
+
+class ScheduledSequenceProtocol(Protocol):
+    """One request's share of a step, as the scheduler hands it to the executor."""
+
+    request_id: int
+    tokens: list[int]
+    is_decode: bool
+    position_ids_start: int
+    samples_token: bool  # the executor samples one token for this sequence (every decode; a prompt's last chunk)
+
+
+class SchedulerProtocol(Protocol):
+    """What the engine loop needs from a scheduler (the memory-aware one, and notebook 01's blind one).
+
+    Contract of `schedule_next_batch`: every sequence it returns belongs to a RUNNING request (never
+    one it preempted while planning the same step), and its tokens have memory.
+    """
+
+    kv_cache_manager: KVCacheManagerProtocol | None  # None: a scheduler that knows nothing about memory
+    waiting_queue: Iterable[Request]
+    active_pool: dict[int, Request]  # the running requests, in admission order
+    finished: list[Request]  # every settled request (finished, aborted, failed), in order
+    rejected: list[Request]
+    num_preemptions: int
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request (or settle it at once: rejected, or nothing to generate)."""
+        ...
+
+    def schedule_next_batch(self) -> list[Any]:
+        """Plan one step: the sequences to run, each with memory secured."""
+        ...
+
+    def update_from_output(self, batch: list[Any], sampled_token_ids: dict[int, int]) -> list[Request]:
+        """Append the sampled tokens; return the requests this update finished."""
+        ...
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether anything is waiting or running."""
+        ...
+
+    def finish_requests(
+        self, request_ids: int | Iterable[int], status: RequestStatus, reason: str | None = None
+    ) -> list[Request]:
+        """End requests now (abort, failure): their blocks go back at once; settled ones are left alone."""
+        ...
+
+
+class ExecutorProtocol(Protocol):
+    """Runs a batch: writes its tokens' K/V and samples one token where a sequence asks for it."""
+
+    def execute(
+        self, batch: Sequence[ScheduledSequenceProtocol], block_tables: dict[int, list[int]] | None
+    ) -> dict[int, int]:
+        """{request id: sampled token} for every sequence with samples_token."""
         ...
 
 
@@ -205,8 +263,11 @@ class MockKVCacheManager:
 
 
 __all__ = [
+    "ExecutorProtocol",
     "KVCacheBlocks",
     "KVCacheManagerProtocol",
     "MockKVCacheManager",
+    "ScheduledSequenceProtocol",
+    "SchedulerProtocol",
     "blocks_needed",
 ]

@@ -3,17 +3,67 @@
 from __future__ import annotations
 
 import enum
+import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
 class RequestStatus(enum.Enum):
-    """Where a request is in its life; REJECTED ones never ran (see `Request.reason`)."""
+    """Where a request is in its life; the last four are final, and all but FINISHED carry a `Request.reason`."""
 
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
-    FINISHED = "finished"
-    REJECTED = "rejected"
+    FINISHED = "finished"  # generated all its tokens (or its end-of-sequence token)
+    REJECTED = "rejected"  # could never fit the cache: refused when added, never ran
+    ABORTED = "aborted"  # stopped on request (a client went away): vLLM's FINISHED_ABORTED
+    FAILED = "failed"  # a fault inside a step (scheduling, the model, the update) ended it
+
+    def is_finished(self) -> bool:
+        """Final statuses: the request holds no blocks and will never run again."""
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset(
+    {RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED, RequestStatus.FAILED}
+)
+
+
+def _describe(value: object) -> str:
+    """A value and its type, short enough for an error message."""
+    text = repr(value)
+    return f"{text[:40]}... ({type(value).__name__})" if len(text) > 40 else f"{text} ({type(value).__name__})"
+
+
+def validate_prompt_tokens(tokens: object, vocab_size: int | None = None, where: str = "the prompt") -> list[int]:
+    """The prompt as a list of ints, or a ValueError naming the bad value and the valid range, before it is queued.
+
+    Accepts a list or tuple of whole numbers (numpy and torch integers too, and a 1-D array or tensor).
+    Without vocab_size (the scheduler knows no vocabulary) only types, shape and sign are checked.
+    """
+    valid = f"0 to {vocab_size - 1}" if vocab_size is not None else "0 or more"
+    if hasattr(tokens, "tolist") and not isinstance(tokens, (list, tuple)):
+        tokens = tokens.tolist()  # a numpy array or torch tensor: its numbers as plain Python
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+        raise ValueError(f"{where} is {_describe(tokens)}; a prompt is a list of token ids (whole numbers {valid}).")
+    if not tokens:
+        raise ValueError(f"{where} is empty: give at least one token (the model needs one to predict from).")
+    for position, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise ValueError(
+                f"{where}, token {position} is {_describe(token)}; token ids are whole numbers {valid} "
+                "(a list of ints, not nested lists, floats or None)."
+            )
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            raise ValueError(f"{where}, token {position} is {int(token)}; token ids run from {valid}.")
+    return [int(token) for token in tokens]
+
+
+def validate_max_new_tokens(value: object, where: str = "max_new_tokens", minimum: int = 0) -> int:
+    """How many tokens to generate: a whole number, at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{where} is {_describe(value)}; it must be a whole number, {minimum} or more.")
+    return int(value)
 
 
 @dataclass
@@ -32,14 +82,8 @@ class Request:
 
     def __post_init__(self) -> None:
         """Reject requests that could never be served, saying how to fix them."""
-        if not self.prompt_tokens:
-            raise ValueError(
-                f"Request {self.id}: the prompt is empty; give at least one token "
-                "(the model needs a token to predict from)."
-            )
-        if self.max_new_tokens < 0:
-            raise ValueError(f"Request {self.id}: max_new_tokens is {self.max_new_tokens}; it must be 0 or more.")
-        self.prompt_tokens = list(self.prompt_tokens)
+        self.prompt_tokens = validate_prompt_tokens(self.prompt_tokens, where=f"Request {self.id}: the prompt")
+        self.max_new_tokens = validate_max_new_tokens(self.max_new_tokens, where=f"Request {self.id}: max_new_tokens")
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -76,10 +120,26 @@ class Request:
 
     def is_complete(self) -> bool:
         """True when the request has all its tokens, hit its end-of-sequence token, or ended."""
-        if self.status in (RequestStatus.FINISHED, RequestStatus.REJECTED):
+        if self.status.is_finished():
             return True
         if len(self.output_tokens) >= self.max_new_tokens:
             return True
         return (
             self.eos_token_id is not None and bool(self.output_tokens) and self.output_tokens[-1] == self.eos_token_id
         )
+
+
+def check_request(request: object) -> Request:
+    """The request, if its fields are well formed (they may have been edited since it was built); else a ValueError."""
+    if not isinstance(request, Request):
+        raise ValueError(
+            f"add_request takes a Request, not {_describe(request)}: build one with "
+            "Request(id=..., prompt_tokens=[...], max_new_tokens=...)."
+        )
+    if isinstance(request.id, bool) or not isinstance(request.id, numbers.Integral):
+        raise ValueError(f"the request id is {_describe(request.id)}; ids are whole numbers.")
+    request.prompt_tokens = validate_prompt_tokens(request.prompt_tokens, where=f"Request {request.id}: the prompt")
+    request.max_new_tokens = validate_max_new_tokens(
+        request.max_new_tokens, where=f"Request {request.id}: max_new_tokens"
+    )
+    return request

@@ -33,16 +33,22 @@ Bookkeeping that the executor and the engine rely on:
   * A request with nothing to generate (`max_new_tokens == 0`) is FINISHED in `add_request` too and
     listed in `scheduler.finished` (it never runs); `update_from_output` returns the requests that
     the update itself finished. `scheduler.finished` lists every finished request, in order.
+  * A returned batch never contains a preempted request: every sequence in it belongs to a request
+    that is RUNNING when `schedule_next_batch` returns (the engine raises, naming the request, if not).
+  * `finish_requests(ids, status, reason)` ends waiting or running requests at once (ABORTED when a
+    client goes away, FAILED after a fault): blocks back, listed in `scheduler.finished`; requests
+    already settled are left as they are.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvcourse.kv_cache_interface import KVCacheManagerProtocol
-from kvcourse.request import Request, RequestStatus
+from kvcourse.request import Request, RequestStatus, check_request
 
 _MANAGER_METHODS = ("allocate_slots", "free", "get_computed_blocks", "get_num_free_blocks", "num_blocks", "block_size")
 
@@ -99,6 +105,7 @@ class StallFreeScheduler:
     # ----------------------------------------------------------------------------- requests in
     def add_request(self, request: Request) -> None:
         """Queue a request, or settle it at once if it can never run (rejected) or needs nothing (finished)."""
+        check_request(request)  # a malformed prompt is refused in words here, before anything is queued
         if request.id in self._known_ids:
             raise ValueError(f"Request id {request.id} was already added; every request needs its own id.")
         if request.num_computed_tokens != 0:
@@ -388,6 +395,36 @@ class StallFreeScheduler:
     def has_unfinished_requests(self) -> bool:
         """Whether any request is still waiting or running (rejected and finished ones are settled)."""
         return bool(self.waiting_queue) or bool(self.active_pool)
+
+    def finish_requests(
+        self, request_ids: int | Iterable[int], status: RequestStatus, reason: str | None = None
+    ) -> list[Request]:
+        """End waiting or running requests now (vLLM's name): blocks back at once; settled ones are left alone.
+
+        Returns the requests this call ended. An id never added is a ValueError (a typo, not a race).
+        """
+        if not status.is_finished() or status is RequestStatus.REJECTED:
+            raise ValueError(f"status is {status}; finish requests as FINISHED, ABORTED or FAILED.")
+        ended = []
+        for request_id in [request_ids] if isinstance(request_ids, int) else list(request_ids):
+            request = self.active_pool.pop(request_id, None) or self._take_waiting(request_id)
+            if request is None:
+                if request_id not in self._known_ids:
+                    raise ValueError(f"request {request_id!r} was never added to this scheduler.")
+                continue  # already finished, rejected, aborted or failed: nothing to do
+            self.kv_cache_manager.free(request)
+            request.status, request.reason = status, reason
+            self.finished.append(request)
+            ended.append(request)
+        return ended
+
+    def _take_waiting(self, request_id: int) -> Request | None:
+        """Remove a request from the waiting queue by id (None if it is not waiting)."""
+        for request in self.waiting_queue:
+            if request.id == request_id:
+                self.waiting_queue.remove(request)
+                return request
+        return None
 
     def __repr__(self) -> str:
         """Who is where, by id (no addresses, so traces are stable)."""

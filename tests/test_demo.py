@@ -34,7 +34,7 @@ def test_demo_prints_trace_and_outputs():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    assert "Scheduler trace" in out and "iter   1 |" in out
+    assert "Scheduler trace" in out and "it   1 |" in out
     assert "prefill" in out and "decode" in out
     assert out.count("    -> ") == 4, "one decoded output per lesson prompt"
     assert "The capital of France" in out

@@ -125,7 +125,7 @@ def test_plain_skipping_deadlocks_with_a_readable_error(scheduler_module):
 
 
 def test_run_stops_a_livelock():
-    class Forever:
+    class Forever(BlindStallFreeScheduler):
         def has_unfinished_requests(self):
             return True
 
@@ -138,7 +138,9 @@ def test_run_stops_a_livelock():
             return []
 
     with pytest.raises(RuntimeError, match="did not finish within 5 iterations"):
-        run(Forever(), max_iterations=5)
+        forever = Forever(8, 4)
+        forever.active_pool[0] = Request(id=0, prompt_tokens=[1], max_new_tokens=1)  # a batch holds running requests
+        run(forever, max_iterations=5)
 
 
 def test_blind_scheduler_refuses_bad_sizes():

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         f"batch size {args.max_batch_size}\n"
     )
     outputs = engine.generate(prompts, args.max_new_tokens, trace=True)
-    print("Scheduler trace (start = the position of the first token fed):")
+    print("Scheduler trace (Rn = request n, @ = positions fed, * = the chunk samples a token):")
     for step in engine.trace:
         print(f"  {step}")
     s = engine.stats

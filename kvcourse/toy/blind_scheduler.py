@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
-from kvcourse.request import Request, RequestStatus
+from kvcourse.request import Request, RequestStatus, check_request
 
 
 class BlindStallFreeScheduler:
@@ -19,12 +20,16 @@ class BlindStallFreeScheduler:
             )
         self.token_budget = token_budget
         self.max_batch_size = max_batch_size
+        self.kv_cache_manager = None  # blind: no KV manager, so no block tables and no memory limit
         self.waiting_queue: deque[Request] = deque()
         self.active_pool: dict[int, Request] = {}
         self.finished: list[Request] = []
+        self.rejected: list[Request] = []  # never: it does not know the cache's size
+        self.num_preemptions = 0  # never: it never runs out of (the memory it does not see)
 
     def add_request(self, request: Request) -> None:
         """Queue a request (a request with nothing to generate is finished at once)."""
+        check_request(request)
         if request.is_complete():
             request.status = RequestStatus.FINISHED
             self.finished.append(request)
@@ -86,3 +91,20 @@ class BlindStallFreeScheduler:
     def has_unfinished_requests(self) -> bool:
         """Whether anything is waiting or running."""
         return bool(self.waiting_queue or self.active_pool)
+
+    def finish_requests(
+        self, request_ids: int | Iterable[int], status: RequestStatus, reason: str | None = None
+    ) -> list[Request]:
+        """End waiting or running requests now (abort, failure); settled ones are left alone."""
+        ended = []
+        for request_id in [request_ids] if isinstance(request_ids, int) else list(request_ids):
+            request = self.active_pool.pop(request_id, None)
+            if request is None:
+                request = next((r for r in self.waiting_queue if r.id == request_id), None)
+                if request is None:
+                    continue
+                self.waiting_queue.remove(request)
+            request.status, request.reason = status, reason
+            self.finished.append(request)
+            ended.append(request)
+        return ended

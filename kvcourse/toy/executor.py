@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from kvcourse.kv_cache_interface import ScheduledSequenceProtocol, SchedulerProtocol
 from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_next_token
 
 
@@ -28,7 +28,9 @@ class ToyExecutor:
         self.slots: dict[tuple[int, int], int] = {}  # (block id, offset) -> token whose K/V is stored there
         self.cached_tokens: dict[int, list[int]] = {}  # without block tables: request id -> tokens by position
 
-    def execute(self, batch: Sequence[Any], block_tables: dict[int, list[int]] | None = None) -> dict[int, int]:
+    def execute(
+        self, batch: Sequence[ScheduledSequenceProtocol], block_tables: dict[int, list[int]] | None = None
+    ) -> dict[int, int]:
         """Write each sequence's tokens at its positions, then sample one token where the sequence asks for it."""
         sampled: dict[int, int] = {}
         for sequence in batch:
@@ -38,7 +40,7 @@ class ToyExecutor:
                 context = self._write_own(rid, tokens, start)
             else:
                 context = self._write_paged(rid, tokens, start, block_tables.get(rid, []))
-            if getattr(sequence, "samples_token", sequence.is_decode):
+            if sequence.samples_token:
                 sampled[rid] = toy_next_token(context, self.vocab_size)
         return sampled
 
@@ -97,10 +99,11 @@ class ToyExecutor:
         self.cached_tokens.pop(request_id, None)
 
 
-def block_tables_for(scheduler: Any, batch: Sequence[Any]) -> dict[int, list[int]] | None:
+def block_tables_for(
+    scheduler: SchedulerProtocol, batch: Sequence[ScheduledSequenceProtocol]
+) -> dict[int, list[int]] | None:
     """The block table of every request in the batch, as a paged engine hands them to the model."""
-    manager = getattr(scheduler, "kv_cache_manager", None)
+    manager, running = scheduler.kv_cache_manager, scheduler.active_pool
     if manager is None:
         return None
-    running = getattr(scheduler, "active_pool", {})
     return {s.request_id: manager.get_block_ids(running[s.request_id]) for s in batch if s.request_id in running}
