@@ -356,9 +356,10 @@ for prompt, output in zip(LESSON_PROMPTS, outputs):
     print(f"{prompt[:50]!r:<54} -> {tokenizer.decode(output)!r}")
 
 # %% [markdown]
-# The scheduler's trace is the same whatever the weights: one step prefills all four prompts
-# (`prefill 15 tokens at 0`: 15 tokens fed, starting at position 0), then every step decodes one
-# token per request; the blocks come back when the requests finish.
+# The scheduler's trace is the same whatever the weights, and reads like the toy world's (the same
+# loop records both): one step prefills all four prompts (`R0 prefill 15 @0-14*`: request 0 is fed
+# 15 tokens at positions 0-14, and `*` marks a chunk that samples a token), then every step decodes
+# one token per request; the blocks come back when the requests finish.
 
 # %%
 print("prompt lengths:", [len(p) for p in prompts])
