@@ -217,6 +217,25 @@ def test_triton_kernel_equals_dense_attention(triton_results, name):
     )
 
 
+# ----------------------------------------------------------------------------- 5.4 (the same kernel, as a GPU compiles it)
+# The interpreter runs the kernel as Python; the GPU compiler has rules of its own (one type per loop
+# variable, power-of-two blocks, compile-time constants...). No GPU is needed to apply them: Triton
+# compiles for A100 (sm_80) and H100/H200 (sm_90) right here. Compiled results are cached per source.
+COMPILE_TARGETS = [(arch, dtype) for arch in (80, 90) for dtype in ("fp16", "bf16", "fp32")]
+
+
+@pytest.mark.ex5_4
+@pytest.mark.parametrize("arch, dtype", COMPILE_TARGETS, ids=[f"sm{a}-{d}" for a, d in COMPILE_TARGETS])
+def test_triton_kernel_compiles_for_gpus(arch, dtype):
+    from kvcourse.course.kernel_compile import assert_decode_kernel_compiles, stub_message
+
+    kernel = attention._paged_decode_kernel
+    if stub_message(kernel):
+        raise NotImplementedError(stub_message(kernel))
+    compiled = assert_decode_kernel_compiles(kernel, archs=(arch,), dtypes=(dtype,))[0]
+    assert compiled.ptx and compiled.cubin, "the compiler returned no GPU code for your kernel"
+
+
 # ----------------------------------------------------------------------------- 5.5
 @dataclass
 class Seq:
