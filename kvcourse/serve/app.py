@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,8 +38,6 @@ from kvcourse.serve.protocol import (
     one_prompt,
     usage_body,
 )
-
-DISCONNECT_POLL_S = 0.25  # a non-streaming handler checks this often whether its client is still there
 
 
 def create_app(engine: Any, tokenizer: Any, model_name: str) -> FastAPI:
@@ -69,9 +67,8 @@ def create_app(engine: Any, tokenizer: Any, model_name: str) -> FastAPI:
         request = await submit(engine_loop, prompt_tokens, req.max_tokens, stream, eos)
         reply = Reply(req, model_name, f"cmpl-{request.id}", prompt_tokens, tokenizer)
         if req.stream:
-            return StreamingResponse(
-                stream_events(reply, stream, engine_loop, request.id), media_type="text/event-stream"
-            )
+            events = stream_events(reply, stream, engine_loop, request.id)
+            return AbortOnDisconnect(events, on_disconnect=lambda: engine_loop.abort(request.id))
         return JSONResponse(await collect(reply, stream, engine_loop, request.id, raw))
 
     @app.get("/v1/models")
@@ -218,6 +215,26 @@ class Reply:
         )
 
 
+class AbortOnDisconnect(StreamingResponse):
+    """A server-sent-event stream that aborts its request the moment the client goes away.
+
+    Waiting for the next send to fail is not enough: a request still queued sends nothing. So a
+    watcher reads the connection's ASGI messages and calls `on_disconnect` at `http.disconnect`.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_disconnect: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.on_disconnect = on_disconnect
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        watcher = asyncio.create_task(until_disconnected(receive, self.on_disconnect))
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            watcher.cancel()
+            self.on_disconnect()  # a no-op for a request that finished
+
+
 def sse(data: Any) -> str:
     """One server-sent event."""
     return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n"
@@ -246,17 +263,22 @@ async def stream_events(reply: Reply, stream: RequestStream, engine_loop: Engine
 
 
 async def collect(reply: Reply, stream: RequestStream, engine_loop: EngineLoop, rid: int, raw: Request) -> dict:
-    """Wait for the whole completion; abort it if the client disconnects meanwhile."""
-    while True:
-        try:
-            output = await asyncio.wait_for(stream.get(), DISCONNECT_POLL_S)
-        except TimeoutError:
-            if await raw.is_disconnected():
-                engine_loop.abort(rid)
-                return {}
-            continue
-        if output.error is not None:
-            raise ServeError(output.error, code="engine_error", status=500)
-        reply.detokenizer.add(output.new_token_ids, final=output.finished)
-        if output.finished:
-            return reply.whole(output.finish_reason)
+    """Wait for the whole completion; abort it the moment the client disconnects meanwhile."""
+    watcher = asyncio.create_task(until_disconnected(raw.receive, lambda: engine_loop.abort(rid)))
+    try:
+        while True:
+            output = await stream.get()
+            if output.error is not None:
+                raise ServeError(output.error, code="engine_error", status=500)
+            reply.detokenizer.add(output.new_token_ids, final=output.finished)
+            if output.finished:
+                return reply.whole(output.finish_reason)
+    finally:
+        watcher.cancel()
+
+
+async def until_disconnected(receive: Any, on_disconnect: Callable[[], None]) -> None:
+    """Read the connection's ASGI messages (the body is already in) until the client goes away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    on_disconnect()
