@@ -145,7 +145,7 @@ class StallFreeScheduler:
         # Exercise 2.4: plan one step (this method and the two passes below).
         #   Returns the step's batch, in this order: a decode for every running request past its prefill
         #   (oldest admission first), then at most one prefill chunk of a running request, then the
-        #   admissions of self._admit_waiting(batch) (Exercise 2.5).
+        #   admissions of self._admit_waiting(batch) (Exercise 2.6).
         #   Must hold: at most self.token_budget tokens and self.max_batch_size sequences in all; each
         #   request at most once; a step in which anyone was preempted (self.num_preemptions grew)
         #   admits nobody: the memory just freed is for the requests already running.
@@ -214,16 +214,18 @@ class StallFreeScheduler:
 
     def _admit_waiting(self, batch: list[ScheduledSequence]) -> None:
         """Admit waiting requests first come, first served: the head that does not fit stops admission."""
-        # Exercise 2.5: first-come, first-served admission.
+        if not self.waiting_queue:
+            return  # nobody is waiting
+        # Exercise 2.6: first-come, first-served admission.
         #   Appends to `batch` the first chunk of each request admitted (self._admit, Exercise 2.2), in
         #   queue order, while the batch has room (self._has_room) and fewer than self.max_batch_size
         #   requests are running.
         #   Must hold: when the request at the head of the queue cannot be admitted, admission stops
         #   for this step: nobody behind it may go first (vLLM v1). Skipping ahead looks efficient,
         #   but under a steady stream of small requests a large one at the head never runs.
-        # TODO: Exercise 2.5: write your code here, then delete the raise below.
+        # TODO: Exercise 2.6: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 2.5 (First-come, first-served admission): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._admit_waiting."
+            "Exercise 2.6 (First-come, first-served admission): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._admit_waiting."
         )
 
     def _admit(self, request: Request, token_budget_left: int) -> ScheduledSequence | None:
@@ -294,7 +296,7 @@ class StallFreeScheduler:
     # ----------------------------------------------------------------------------- results in
     def update_from_output(self, batch: list[ScheduledSequence], sampled_token_ids: dict[int, int]) -> list[Request]:
         """Append each sampled token; return the requests this update finished (their blocks are freed)."""
-        # Exercise 2.6: take the step's results in.
+        # Exercise 2.5: take the step's results in.
         #   `batch` is what the latest schedule_next_batch() returned; `sampled_token_ids` maps a request
         #   id to the one token the executor sampled for each sequence whose samples_token is True.
         #   Afterwards: each such request has that token (as an int) appended to its output_tokens; a
@@ -303,9 +305,9 @@ class StallFreeScheduler:
         #   self._finish (Exercise 2.3). Returns the requests this update finished, in batch order.
         #   Bad input is a ValueError that says what was wrong: a sequence that should have sampled but
         #   has no token, or a request that is not running (self._running raises that one for you).
-        # TODO: Exercise 2.6: write your code here, then delete the raise below.
+        # TODO: Exercise 2.5: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 2.6 (Take the step's results in): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler.update_from_output."
+            "Exercise 2.5 (Take the step's results in): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler.update_from_output."
         )
 
     def _running(self, request_id: int) -> Request:

@@ -153,7 +153,7 @@ class StallFreeScheduler:
         # Exercise 2.4: plan one step (this method and the two passes below).
         #   Returns the step's batch, in this order: a decode for every running request past its prefill
         #   (oldest admission first), then at most one prefill chunk of a running request, then the
-        #   admissions of self._admit_waiting(batch) (Exercise 2.5).
+        #   admissions of self._admit_waiting(batch) (Exercise 2.6).
         #   Must hold: at most self.token_budget tokens and self.max_batch_size sequences in all; each
         #   request at most once; a step in which anyone was preempted (self.num_preemptions grew)
         #   admits nobody: the memory just freed is for the requests already running.
@@ -240,14 +240,16 @@ class StallFreeScheduler:
 
     def _admit_waiting(self, batch: list[ScheduledSequence]) -> None:
         """Admit waiting requests first come, first served: the head that does not fit stops admission."""
-        # Exercise 2.5: first-come, first-served admission.
+        if not self.waiting_queue:
+            return  # nobody is waiting
+        # Exercise 2.6: first-come, first-served admission.
         #   Appends to `batch` the first chunk of each request admitted (self._admit, Exercise 2.2), in
         #   queue order, while the batch has room (self._has_room) and fewer than self.max_batch_size
         #   requests are running.
         #   Must hold: when the request at the head of the queue cannot be admitted, admission stops
         #   for this step: nobody behind it may go first (vLLM v1). Skipping ahead looks efficient,
         #   but under a steady stream of small requests a large one at the head never runs.
-        # BEGIN SOLUTION 2.5
+        # BEGIN SOLUTION 2.6
         while self.waiting_queue and self._has_room(batch) and len(self.active_pool) < self.max_batch_size:
             sequence = self._admit(self.waiting_queue[0], self._budget_left(batch))
             if sequence is None:
@@ -341,7 +343,7 @@ class StallFreeScheduler:
     # ----------------------------------------------------------------------------- results in
     def update_from_output(self, batch: list[ScheduledSequence], sampled_token_ids: dict[int, int]) -> list[Request]:
         """Append each sampled token; return the requests this update finished (their blocks are freed)."""
-        # Exercise 2.6: take the step's results in.
+        # Exercise 2.5: take the step's results in.
         #   `batch` is what the latest schedule_next_batch() returned; `sampled_token_ids` maps a request
         #   id to the one token the executor sampled for each sequence whose samples_token is True.
         #   Afterwards: each such request has that token (as an int) appended to its output_tokens; a
@@ -350,7 +352,7 @@ class StallFreeScheduler:
         #   self._finish (Exercise 2.3). Returns the requests this update finished, in batch order.
         #   Bad input is a ValueError that says what was wrong: a sequence that should have sampled but
         #   has no token, or a request that is not running (self._running raises that one for you).
-        # BEGIN SOLUTION 2.6
+        # BEGIN SOLUTION 2.5
         finished = []
         for sequence in batch:
             if not sequence.samples_token:

@@ -90,19 +90,19 @@ _EXERCISES = [
     ),
     Exercise(
         id="2.5",
-        title="First-come, first-served admission",
-        module="scheduler",
-        minutes=10,
-        hint="Admission looks at the head of the queue only. What should happen to everyone behind a head that does not fit?",
-        approach="Loop while the queue is not empty, the batch has room and fewer than max_batch_size requests run: _admit the head (self.waiting_queue[0]) with the budget left; if it returns None, stop admitting for this step (return); otherwise append the chunk and go on with the new head.",
-    ),
-    Exercise(
-        id="2.6",
         title="Take the step's results in",
         module="scheduler",
         minutes=15,
         hint="Only sequences with samples_token get a token. After appending it, ask the request whether it is complete.",
         approach="For each sequence in the batch: skip it unless samples_token; look the request up with self._running(id); raise a ValueError naming the request if sampled_token_ids has no token for it; append int(token) to its output_tokens; if request.is_complete(), call self._finish(request) and collect it. Return the collected requests.",
+    ),
+    Exercise(
+        id="2.6",
+        title="First-come, first-served admission",
+        module="scheduler",
+        minutes=10,
+        hint="Admission looks at the head of the queue only. What should happen to everyone behind a head that does not fit?",
+        approach="Loop while the queue is not empty, the batch has room and fewer than max_batch_size requests run: _admit the head (self.waiting_queue[0]) with the budget left; if it returns None, stop admitting for this step (return); otherwise append the chunk and go on with the new head.",
     ),
     Exercise(
         id="2.7",

@@ -95,6 +95,21 @@ def refuse_memory(scheduler: StallFreeScheduler, preempts: bool = False) -> list
     return calls
 
 
+def admit_the_head_only(scheduler: StallFreeScheduler) -> list[int]:
+    """Stand in for Exercise 2.6's admission pass: admit at most the head; record the batch size it saw."""
+    seen = []
+
+    def admission(batch):
+        seen.append(len(batch))
+        if scheduler.waiting_queue and scheduler._has_room(batch):
+            sequence = scheduler._admit(scheduler.waiting_queue[0], scheduler._budget_left(batch))
+            if sequence is not None:
+                batch.append(sequence)
+
+    scheduler._admit_waiting = admission
+    return seen
+
+
 # --------------------------------------------------------------------------------------- 2.1
 @pytest.mark.ex2_1
 def test_decode_feeds_the_newest_token_at_the_next_position():
@@ -316,7 +331,9 @@ def test_a_step_is_decodes_then_one_prefill_then_admissions():
     second = decoding(scheduler, manager, 3, prompt_len=6, outputs=[1])
     newcomer = Request(id=4, prompt_tokens=prompt(10), max_new_tokens=2)
     queue(scheduler, newcomer)
+    seen = admit_the_head_only(scheduler)
     batch = scheduler.schedule_next_batch()
+    assert seen == [3], "self._admit_waiting(batch) should be called once, last, with the decodes and the prefill"
     kinds = [(s.request_id, s.is_decode) for s in batch]
     assert kinds == [(first.id, True), (second.id, True), (chunked.id, False), (newcomer.id, False)], (
         f"expected the decodes (oldest first), then ONE prefill in progress (the oldest), then the admission; "
@@ -330,23 +347,22 @@ def test_a_step_is_decodes_then_one_prefill_then_admissions():
 def test_the_budget_and_the_batch_size_hold_across_the_passes():
     scheduler, manager = make(token_budget=10, max_batch_size=8)
     decoding(scheduler, manager, 0, prompt_len=5, outputs=[9])
-    newcomer = Request(id=1, prompt_tokens=prompt(20), max_new_tokens=2)
-    queue(scheduler, newcomer)
+    prefilling(scheduler, manager, 1, prompt_len=20, computed=0)
     batch = scheduler.schedule_next_batch()
-    assert [len(s.tokens) for s in batch] == [1, 9], "a decode, then a first chunk that uses the 9 tokens left"
+    assert [len(s.tokens) for s in batch] == [1, 9], "a decode, then a prefill chunk that uses the 9 tokens left"
     scheduler, manager = make(max_batch_size=2)
-    for i in range(2):
+    for i in range(3):
         decoding(scheduler, manager, i, prompt_len=5, outputs=[9])
-    queue(scheduler, Request(id=5, prompt_tokens=prompt(3), max_new_tokens=2))
+    prefilling(scheduler, manager, 3, prompt_len=20, computed=0)
+    admit_the_head_only(scheduler)
     batch = scheduler.schedule_next_batch()
-    assert len(batch) == 2 and 5 not in scheduler.active_pool, "a full batch (max_batch_size) admits nobody"
+    assert [s.request_id for s in batch] == [0, 1], "a batch holds at most max_batch_size sequences"
 
 
 @pytest.mark.ex2_4
 def test_a_long_prompt_is_chunked_and_continued_step_after_step():
     scheduler, manager = make(block_size=8, token_budget=16)
-    request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
-    queue(scheduler, request)
+    request = prefilling(scheduler, manager, 0, prompt_len=40, computed=0)
     starts, samples = [], []
     for _ in range(3):
         batch = scheduler.schedule_next_batch()
@@ -375,6 +391,59 @@ def test_a_step_that_preempted_admits_nobody():
 
 # --------------------------------------------------------------------------------------- 2.5
 @pytest.mark.ex2_5
+def test_update_appends_tokens_and_returns_what_it_finished():
+    scheduler, manager = make(num_blocks=16, block_size=4)
+    done = decoding(scheduler, manager, 0, prompt_len=6, outputs=[3], max_new_tokens=2)
+    going = decoding(scheduler, manager, 1, prompt_len=6, outputs=[3], max_new_tokens=5)
+    batch = scheduler.schedule_next_batch()
+    finished = scheduler.update_from_output(batch, {0: 11, 1: 12})
+    assert done.output_tokens == [3, 11] and going.output_tokens == [3, 12], "each sampled token should be appended"
+    assert finished == [done], "update_from_output should return exactly the requests it finished"
+    assert done.status is RequestStatus.FINISHED and done.id not in scheduler.active_pool, (
+        "a request with all its tokens should be FINISHED and leave active_pool"
+    )
+    assert manager.get_block_ids(done) == [] and len(manager.get_block_ids(going)) == 2, (
+        "the finished request's blocks should be freed, the other's kept"
+    )
+
+
+@pytest.mark.ex2_5
+def test_end_of_sequence_token_finishes_and_frees():
+    scheduler, manager = make()
+    request = decoding(scheduler, manager, 0, prompt_len=5, outputs=[3], max_new_tokens=10)
+    request.eos_token_id = 0
+    batch = scheduler.schedule_next_batch()
+    assert scheduler.update_from_output(batch, {0: 0}) == [request], "the finished request should be returned"
+    assert request.status is RequestStatus.FINISHED, "sampling the end-of-sequence token should finish the request"
+    assert manager.get_num_free_blocks() == manager.num_blocks, "the finished request's blocks should be freed"
+    assert not scheduler.has_unfinished_requests(), "nothing should be left to run"
+
+
+@pytest.mark.ex2_5
+def test_a_chunk_that_does_not_reach_the_end_samples_nothing():
+    scheduler, manager = make(block_size=8, token_budget=16)
+    request = prefilling(scheduler, manager, 0, prompt_len=40, computed=0)
+    batch = scheduler.schedule_next_batch()
+    assert scheduler.update_from_output(batch, {}) == [], "a mid-prompt chunk finishes nothing"
+    assert request.output_tokens == [] and request.status is RequestStatus.RUNNING, (
+        "a chunk that does not complete the prompt must not append a token"
+    )
+
+
+@pytest.mark.ex2_5
+def test_a_missing_token_or_a_stale_batch_is_a_clear_error():
+    scheduler, manager = make()
+    decoding(scheduler, manager, 0, prompt_len=5, outputs=[3], max_new_tokens=1)
+    batch = scheduler.schedule_next_batch()
+    with pytest.raises(ValueError, match="0"):
+        scheduler.update_from_output(batch, {})  # the decode must sample, but no token came back
+    scheduler.update_from_output(batch, {0: 7})
+    with pytest.raises(ValueError, match="not running"):
+        scheduler.update_from_output(batch, {0: 7})  # the same batch again: request 0 has finished
+
+
+# --------------------------------------------------------------------------------------- 2.6
+@pytest.mark.ex2_6
 def test_admission_stops_at_a_head_that_does_not_fit():
     scheduler, manager = make(num_blocks=10, block_size=4)
     hold_blocks(manager, 28)  # 7 of 10 blocks taken by someone else
@@ -388,7 +457,7 @@ def test_admission_stops_at_a_head_that_does_not_fit():
     assert manager.get_num_free_blocks() == 3, "a step that admits nobody must not hold any new block"
 
 
-@pytest.mark.ex2_5
+@pytest.mark.ex2_6
 def test_admission_follows_the_queue_and_the_batch_size():
     scheduler, _ = make(max_batch_size=2)
     requests = [Request(id=i, prompt_tokens=prompt(3), max_new_tokens=2) for i in range(3)]
@@ -400,7 +469,7 @@ def test_admission_follows_the_queue_and_the_batch_size():
     )
 
 
-@pytest.mark.ex2_5
+@pytest.mark.ex2_6
 def test_running_requests_count_against_the_batch_size():
     scheduler, manager = make(max_batch_size=3, token_budget=64)
     decoding(scheduler, manager, 0, prompt_len=5, outputs=[9])
@@ -425,7 +494,7 @@ def steady_stream_run(scheduler: StallFreeScheduler, arrival_steps: int = 150):
     return head, run(scheduler, on_step=arrive, max_iterations=2_000)
 
 
-@pytest.mark.ex2_5
+@pytest.mark.ex2_6
 def test_a_large_request_is_not_starved_by_a_stream_of_small_ones():
     scheduler, manager = make(num_blocks=16, block_size=4, token_budget=64, max_batch_size=8)
     head, trace = steady_stream_run(scheduler)
@@ -437,60 +506,6 @@ def test_a_large_request_is_not_starved_by_a_stream_of_small_ones():
     )
     assert head.output_tokens == toy_generate(head.prompt_tokens, 8), "the large request's outputs are wrong"
     assert manager.get_num_free_blocks() == 16, "all blocks should be free at the end"
-
-
-# --------------------------------------------------------------------------------------- 2.6
-@pytest.mark.ex2_6
-def test_update_appends_tokens_and_returns_what_it_finished():
-    scheduler, manager = make(num_blocks=16, block_size=4)
-    done = decoding(scheduler, manager, 0, prompt_len=6, outputs=[3], max_new_tokens=2)
-    going = decoding(scheduler, manager, 1, prompt_len=6, outputs=[3], max_new_tokens=5)
-    batch = scheduler.schedule_next_batch()
-    finished = scheduler.update_from_output(batch, {0: 11, 1: 12})
-    assert done.output_tokens == [3, 11] and going.output_tokens == [3, 12], "each sampled token should be appended"
-    assert finished == [done], "update_from_output should return exactly the requests it finished"
-    assert done.status is RequestStatus.FINISHED and done.id not in scheduler.active_pool, (
-        "a request with all its tokens should be FINISHED and leave active_pool"
-    )
-    assert manager.get_block_ids(done) == [] and len(manager.get_block_ids(going)) == 2, (
-        "the finished request's blocks should be freed, the other's kept"
-    )
-
-
-@pytest.mark.ex2_6
-def test_end_of_sequence_token_finishes_and_frees():
-    scheduler, manager = make()
-    request = decoding(scheduler, manager, 0, prompt_len=5, outputs=[3], max_new_tokens=10)
-    request.eos_token_id = 0
-    batch = scheduler.schedule_next_batch()
-    assert scheduler.update_from_output(batch, {0: 0}) == [request], "the finished request should be returned"
-    assert request.status is RequestStatus.FINISHED, "sampling the end-of-sequence token should finish the request"
-    assert manager.get_num_free_blocks() == manager.num_blocks, "the finished request's blocks should be freed"
-    assert not scheduler.has_unfinished_requests(), "nothing should be left to run"
-
-
-@pytest.mark.ex2_6
-def test_a_chunk_that_does_not_reach_the_end_samples_nothing():
-    scheduler, _ = make(block_size=8, token_budget=16)
-    request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
-    queue(scheduler, request)
-    batch = scheduler.schedule_next_batch()
-    assert scheduler.update_from_output(batch, {}) == [], "a mid-prompt chunk finishes nothing"
-    assert request.output_tokens == [] and request.status is RequestStatus.RUNNING, (
-        "a chunk that does not complete the prompt must not append a token"
-    )
-
-
-@pytest.mark.ex2_6
-def test_a_missing_token_or_a_stale_batch_is_a_clear_error():
-    scheduler, manager = make()
-    decoding(scheduler, manager, 0, prompt_len=5, outputs=[3], max_new_tokens=1)
-    batch = scheduler.schedule_next_batch()
-    with pytest.raises(ValueError, match="0"):
-        scheduler.update_from_output(batch, {})  # the decode must sample, but no token came back
-    scheduler.update_from_output(batch, {0: 7})
-    with pytest.raises(ValueError, match="not running"):
-        scheduler.update_from_output(batch, {0: 7})  # the same batch again: request 0 has finished
 
 
 @pytest.mark.ex2_6
