@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,15 +14,36 @@ from kvcourse.course.exercises import get
 
 ROOT = Path(__file__).resolve().parents[2]
 ICONS = {"correct": "✅", "incorrect": "❌", "not attempted": "⏳", "skipped": "⏭️"}
+_WORKER = None  # the warm grading process (kvcourse/course/worker.py), started by the first check
+
+
+class CheckCrashed(RuntimeError):
+    """The tests could not finish: the code under test crashed the process running them, or hung it."""
 
 
 def _grade(exercise_ids: list[str]) -> list[dict]:
-    """Run the grader in a fresh Python process, so that edits to kvcourse/ always count."""
+    """Grade in a process apart from this kernel that reads kvcourse/ afresh: a fork of a warm worker."""
+    global _WORKER
+    from kvcourse.course.solutions_switch import solutions_enabled
+
+    if not hasattr(os, "fork"):  # Windows: a fresh Python per check (slower, same answers)
+        return _grade_in_subprocess(exercise_ids)
+    from kvcourse.course.worker import Worker
+
+    _WORKER = _WORKER or Worker()
+    answer = _WORKER.grade(exercise_ids, solutions=solutions_enabled())
+    if "error" in answer:
+        raise CheckCrashed(answer["error"])
+    return answer["results"]
+
+
+def _grade_in_subprocess(exercise_ids: list[str]) -> list[dict]:
+    """Run the grader in a fresh Python process (where fork does not exist)."""
     command = [sys.executable, "-m", "kvcourse.grade", "--json", *exercise_ids]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     lines = done.stdout.strip().splitlines()
     if not lines or not lines[-1].startswith("{"):
-        raise RuntimeError(f"the grader did not report (exit code {done.returncode}):\n{done.stderr[-3000:]}")
+        raise CheckCrashed(f"the grader did not report (exit code {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1])["results"]
 
 
@@ -29,7 +51,13 @@ def check(exercise_id: str) -> None:
     """Run one exercise's tests and say: correct, incorrect (what failed, a hint) or not attempted."""
     exercise = get(exercise_id)
     print(f"Running the tests of Exercise {exercise.id} ...", flush=True)
-    result = _grade([exercise.id])[0]
+    try:
+        result = _grade([exercise.id])[0]
+    except CheckCrashed as error:
+        print(f"{ICONS['incorrect']} Exercise {exercise.id} ({exercise.title}): the tests could not finish.")
+        print(f"   What happened: {error}")
+        print("   Your notebook is fine; fix the code (or restart the check) and run this cell again.")
+        return
     head = f"{ICONS[result['status']]} Exercise {exercise.id} ({exercise.title}):"
     if result["status"] == "correct":
         print(f"{head} correct. {result['passed']}/{result['total']} tests pass.{_reference_note()}")
