@@ -1,0 +1,183 @@
+"""Prediction questions: the learner commits to a guess before the cell that reveals it, `answer("2.a", 3)`.
+
+The expected value is stored only as a SHA-256 digest of the question id and the normalized answer, so
+neither the notebook nor this file shows it. A learner's answers are kept in `.kvcourse_answers.json` at
+the repository root, and `question_results()` turns them into scoreboard rows beside the exercises.
+
+To add a question: write its row below with the digest printed by
+`python -m kvcourse.course.questions digest 2.a 3`, and ask it in notebook 02 with `answer("2.a", None)`
+BEFORE the cell that reveals the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSWERS_FILE = ROOT / ".kvcourse_answers.json"
+
+
+@dataclass(frozen=True)
+class Question:
+    """One prediction: `kind` is "int", "float" (compared after rounding to `decimals`) or "choice"."""
+
+    id: str
+    notebook: str
+    prompt: str
+    kind: str
+    digest: str
+    choices: tuple[str, ...] = ()
+    decimals: int = 0
+
+    @property
+    def title(self) -> str:
+        """The scoreboard's title column: the question, shortened."""
+        return self.prompt if len(self.prompt) <= 40 else self.prompt[:39] + "…"
+
+
+def normalize(question: Question, value: object) -> str:
+    """One spelling per answer, so that 3, 3.0 and "3" are the same guess; a ValueError says what to give."""
+    if question.kind == "choice":
+        text = str(value).strip().lower()
+        if text not in question.choices:
+            raise ValueError(f"Question {question.id} takes one of {', '.join(question.choices)}; got {value!r}.")
+        return text
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"Question {question.id} takes a number; got {value!r}.")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"Question {question.id} takes a number; got {value!r}.") from None
+    if question.kind == "int":
+        if number != int(number):
+            raise ValueError(f"Question {question.id} takes a whole number; got {value!r}.")
+        return str(int(number))
+    return f"{round(number, question.decimals):.{question.decimals}f}"
+
+
+def digest(question: Question, value: object) -> str:
+    """The stored fingerprint of an answer: it depends on the question id too, so equal answers differ."""
+    return hashlib.sha256(f"kvcourse|{question.id}|{normalize(question, value)}".encode()).hexdigest()
+
+
+# One block per question; the letters run per notebook (2.a, 2.b, ...). Keep the expected values out of here.
+_QUESTIONS = [
+    Question(
+        id="1.a",
+        notebook="01",
+        prompt="Do the chunked, interleaved outputs equal generating each request alone",
+        kind="choice",
+        choices=("yes", "no"),
+        digest="65515f77d1c6d74bc7cfabc1dd8b9083882694acb986f636de22e17f86b9cb43",
+    ),
+    Question(
+        id="1.b",
+        notebook="01",
+        prompt="At its peak, the blind plan needs (a) less than the 768 tokens, (b) up to 10% more, "
+        "(c) 10 to 50% more, (d) over 50% more",
+        kind="choice",
+        choices=("a", "b", "c", "d"),
+        digest="b12c552e1161d605306257640b862723983d02244196d58f35645aee1bfffb66",
+    ),
+    Question(
+        id="2.a",
+        notebook="02",
+        prompt="Blocks the lesson's mock holds after 20 decodes of a 15-token prompt (blocks of 16)",
+        kind="int",
+        digest="f6b6162bc0ed53013277f60bf2bd68c6b514b4de78eece6b305209a6de0ed8be",
+    ),
+    Question(
+        id="2.b",
+        notebook="02",
+        prompt="With skip-ahead, the 40-token request finishes (a) within 20 steps, (b) within 100, "
+        "(c) only after the small requests stop arriving",
+        kind="choice",
+        choices=("a", "b", "c"),
+        digest="d3ce793df53854c75d715fbd46d8b3dee56e2a0c8ffe174137a13c5f937baddb",
+    ),
+    Question(
+        id="2.c",
+        notebook="02",
+        prompt="Which request (0 to 3) is preempted first in the tight run",
+        kind="int",
+        digest="04516ff9e0fe0aa5043b67522a66fcd5651c7bbab250471eed302a1734c24e8d",
+    ),
+]
+
+QUESTIONS: dict[str, Question] = {question.id: question for question in _QUESTIONS}
+
+
+def get_question(question_id: str) -> Question:
+    """Look a question up, with a clear error for a typo."""
+    try:
+        return QUESTIONS[str(question_id)]
+    except KeyError:
+        known = ", ".join(QUESTIONS)
+        raise ValueError(f"No question {question_id!r}; the questions are: {known}.") from None
+
+
+def _load_answers() -> dict[str, dict]:
+    """The learner's recorded answers (none yet when the file does not exist or is unreadable)."""
+    try:
+        return json.loads(ANSWERS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def answer(question_id: str, value: object) -> None:
+    """Record a prediction and say whether it is right; `None` means not answered yet (nothing recorded)."""
+    question = get_question(question_id)
+    if value is None:
+        options = f" (one of: {', '.join(question.choices)})" if question.choices else ""
+        print(f"⏳ Question {question.id}: {question.prompt}?{options}")
+        print("   Replace None with your prediction, run this cell, then run the next cell to see.")
+        return
+    correct = digest(question, value) == question.digest
+    answers = _load_answers()
+    answers[question.id] = {"value": normalize(question, value), "correct": correct}
+    with contextlib.suppress(OSError):  # a read-only checkout still answers; only the scoreboard forgets
+        ANSWERS_FILE.write_text(json.dumps(answers, indent=1, sort_keys=True))
+    if correct:
+        print(f"✅ Question {question.id}: {normalize(question, value)} is right. Run the next cell to see why.")
+    else:
+        print(f"❌ Question {question.id}: not {normalize(question, value)}. Run the next cell and see what happens.")
+
+
+def question_results(*question_ids: str) -> list[dict]:
+    """Scoreboard rows for the questions, in the grader's format (id, title, passed, total, status)."""
+    answers = _load_answers()
+    rows = []
+    for question in [get_question(i) for i in question_ids] or list(QUESTIONS.values()):
+        given = answers.get(question.id)
+        status = "not attempted" if given is None else "correct" if given["correct"] else "incorrect"
+        rows.append(
+            {
+                "id": question.id,
+                "title": question.title,
+                "passed": int(status == "correct"),
+                "total": 1,
+                "status": status,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    """`digest ID KIND VALUE [DECIMALS]` prints the digest to store for a new question's expected answer."""
+    if len(argv) not in (4, 5) or argv[0] != "digest" or argv[2] not in ("int", "float", "choice"):
+        print("usage: python -m kvcourse.course.questions digest ID int|float|choice VALUE [DECIMALS]", file=sys.stderr)
+        return 2
+    _, question_id, kind, value, *decimals = argv
+    choices = (value.strip().lower(),) if kind == "choice" else ()
+    draft = Question(question_id, "", "", kind, "", choices=choices, decimals=int(decimals[0]) if decimals else 0)
+    print(digest(draft, value))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
