@@ -216,6 +216,9 @@ def _paged_decode_kernel(
     # -inf where masked), then rescale: m_new = max(m, max(scores)), alpha = exp(m - m_new),
     # p = exp(scores - m_new), l = l * alpha + sum(p), acc = acc * alpha + sum(p * v).
     # Finally store acc / l at out[seq, head] in out's dtype.
+    # check("5.4") also compiles your kernel for real GPUs (A100 sm_80, H100/H200 sm_90), which the
+    # interpreter does not: a variable carried through the loop keeps one type (start a float sum
+    # at 0.0, not 0), and block shapes are powers of two known at compile time (tl.constexpr).
     # BEGIN SOLUTION 5.4
     seq = tl.program_id(0)
     head = tl.program_id(1)

@@ -153,7 +153,7 @@ def test_mutant_passes_the_interpreter_but_fails_the_compile_check_in_words(tmp_
     assert "Loop-carried variable l_i has initial type int32 but is re-assigned to fp32" in message
     line = path.read_text().splitlines().index("    for i in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):") + 1
     assert f"attention_mutant.py, line {line}" in message, message
-    assert "write `0.0`, not `0`" in message
+    assert "write `0.0`, not `0`" in message and "first set at line" in message and "`l_i = 0`" in message
 
 
 def test_compile_errors_are_explained_with_the_line(tmp_path):

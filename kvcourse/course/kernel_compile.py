@@ -339,7 +339,18 @@ def explain(error: BaseException, fn, target: str) -> KernelCompileError:
         if found:
             meaning = text.format(*found.groups())
             break
+    carried = re.search(r"Loop-carried variable (\w+)|initial value for `(\w+)`", sentence)
+    if carried and where:
+        meaning += _first_assignment(fn, carried[1] or carried[2])
     return KernelCompileError(sentence, where, source_line, meaning, target)
+
+
+def _first_assignment(fn, name: str) -> str:
+    """' (It is first set at line N: `name = ...`.)' for a variable of the kernel, or ''."""
+    for number, text in enumerate(fn.src.splitlines()):
+        if re.match(rf"\s*{re.escape(name)}\s*=[^=]", text):
+            return f" (It is first set at line {fn.def_file_line_number + number}: `{text.strip()}`.)"
+    return ""
 
 
 def _compiler_sentence(error: BaseException) -> str:
