@@ -13,13 +13,16 @@ every sequence into one row (no padding) and describes the row with a few small 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS, PagedKVCache
+from kvcourse.backends.fast import FastAttentionMetadata
+from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS, AttentionTimer, PagedKVCache
 
 
 class ScheduledSequenceLike(Protocol):
@@ -63,59 +66,99 @@ def prepare_inputs(
     """Describe a batch to the model: where each token sits in its sequence and where its K/V go."""
     if not batch:
         raise ValueError("the batch is empty: there is nothing to run.")
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slot_mapping: list[int] = []
-    seq_lens: list[int] = []
-    query_start_loc = [0]
-    for seq in batch:
-        if seq.request_id not in block_tables:
-            raise ValueError(f"no block table for request {seq.request_id}: allocate its slots before running it.")
-        table = block_tables[seq.request_id]
-        if len(table) * block_size < seq.position_ids_start + len(seq.tokens):
-            raise ValueError(
-                f"request {seq.request_id}'s block table {table} is too short for its tokens up to position "
-                f"{seq.position_ids_start + len(seq.tokens) - 1}: allocate its slots before running it."
-            )
-        # Exercise 5.5: this sequence's tokens sit at positions position_ids_start,
-        # position_ids_start + 1, ... (the tokens before them are already in the cache). Position p
-        # lives in logical block p // block_size, at offset p % block_size; its slot is the physical
-        # block id from the table times block_size plus the offset. After this step the cache holds
-        # seq_len tokens of this sequence. Set seq_positions, seq_slots (one per token) and seq_len.
-        # TODO: Exercise 5.5: write your code here, then delete the raise below.
-        raise NotImplementedError(
-            "Exercise 5.5 (Model-runner inputs): not written yet: edit kvcourse/model_runner.py, prepare_inputs."
-        )
-        input_ids += seq.tokens
-        positions += seq_positions
-        slot_mapping += seq_slots
-        seq_lens.append(seq_len)
-        query_start_loc.append(query_start_loc[-1] + len(seq.tokens))
-    width = max(len(block_tables[seq.request_id]) for seq in batch)
-    padded = [block_tables[seq.request_id] + [0] * (width - len(block_tables[seq.request_id])) for seq in batch]
+    tables = [_block_table(seq, block_tables, block_size) for seq in batch]
+    width = max(map(len, tables))
+    # Per sequence (never per token): its block table padded with 0, its first position, its token count.
+    table = torch.tensor([row + [0] * (width - len(row)) for row in tables], dtype=torch.long)  # [B, width]
+    starts = torch.tensor([seq.position_ids_start for seq in batch], dtype=torch.long)  # [B]
+    num_tokens = torch.tensor([len(seq.tokens) for seq in batch], dtype=torch.long)  # [B]
+    query_start_loc = torch.zeros(len(batch) + 1, dtype=torch.long)
+    torch.cumsum(num_tokens, dim=0, out=query_start_loc[1:])
+    # Exercise 5.5: with tensor operations only (no Python loop over tokens), compute for the T
+    # scheduled tokens, sequence after sequence:
+    #   positions [T]:    sequence b's tokens sit at starts[b], starts[b] + 1, ... (the tokens before
+    #                     them are already in the cache);
+    #   slot_mapping [T]: position p of sequence b lives in logical block p // block_size at offset
+    #                     p % block_size; its slot is table[b, that block] * block_size + the offset;
+    #   seq_lens [B]:     how many tokens each sequence has in the cache once this step has run.
+    # You have table [B, width], starts [B], num_tokens [B] and query_start_loc [B + 1] (where each
+    # sequence's tokens begin in the row; query_start_loc[-1] == T). torch.repeat_interleave turns a
+    # per-sequence tensor into a per-token one.
+    # TODO: Exercise 5.5: write your code here, then delete the raise below.
+    raise NotImplementedError(
+        "Exercise 5.5 (Model-runner inputs): not written yet: edit kvcourse/model_runner.py, prepare_inputs."
+    )
+    input_ids = torch.tensor(list(itertools.chain.from_iterable(seq.tokens for seq in batch)), dtype=torch.long)
     return ModelInputs(
         request_ids=[seq.request_id for seq in batch],
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
-        block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
-        logits_indices=torch.tensor(query_start_loc[1:], dtype=torch.long, device=device) - 1,
+        input_ids=input_ids.to(device),
+        positions=positions.to(device),
+        slot_mapping=slot_mapping.to(device),
+        block_tables=table.to(device=device, dtype=torch.int32),
+        seq_lens=seq_lens.to(device=device, dtype=torch.int32),
+        query_start_loc=query_start_loc.to(device=device, dtype=torch.int32),
+        logits_indices=(query_start_loc[1:] - 1).to(device),
     )
+
+
+def _block_table(seq: ScheduledSequenceLike, block_tables: dict[int, list[int]], block_size: int) -> list[int]:
+    """The sequence's block table, refused in words when it cannot hold this step's tokens."""
+    if seq.request_id not in block_tables:
+        raise ValueError(f"no block table for request {seq.request_id}: allocate its slots before running it.")
+    table = block_tables[seq.request_id]
+    if len(table) * block_size < seq.position_ids_start + len(seq.tokens):
+        raise ValueError(
+            f"request {seq.request_id}'s block table {table} is too short for its tokens up to position "
+            f"{seq.position_ids_start + len(seq.tokens) - 1}: allocate its slots before running it."
+        )
+    if not seq.tokens:
+        raise ValueError(f"request {seq.request_id} is scheduled with no tokens: schedule at least one.")
+    return table
+
+
+@dataclass
+class RunnerTimings:
+    """Wall seconds the runner spent in each part of its steps, summed since the last reset (why a step costs what it does)."""
+
+    prepare: float = 0.0  # building the input tensors (and the fast backend's attention metadata)
+    forward: float = 0.0  # the model's forward pass, attention included
+    attention: float = 0.0  # the part of forward spent in paged attention (every layer)
+    sample: float = 0.0  # argmax over the logits and back to Python ints
+    steps: int = 0
+
+    def reset(self) -> None:
+        """Start counting afresh (the engine does it at the start of each generate call)."""
+        self.prepare = self.forward = self.attention = self.sample = 0.0
+        self.steps = 0
+
+    def as_dict(self) -> dict[str, float]:
+        """Seconds by part, for JSON."""
+        return {"prepare": self.prepare, "forward": self.forward, "attention": self.attention, "sample": self.sample}
 
 
 class ModelRunner:
     """Owns the paged KV storage and runs GPT-2 on scheduler batches (nano-vllm's ModelRunner)."""
 
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, attention: str = "reference") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int,
+        attention: str = "reference",
+        *,
+        synchronize_timings: bool = False,
+    ) -> None:
         if attention not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}; got {attention!r}.")
         self.model = model.eval()
         self.block_size = block_size
+        self.attention = attention
         self.attn_implementation = ATTENTION_IMPLEMENTATIONS[attention]
         self.kv_cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.device = next(model.parameters()).device
+        self.timings = RunnerTimings()
+        self._sync = synchronize_timings and self.device.type == "cuda"  # GPU: time the kernels, not their launch
+        self._attention_timer = AttentionTimer(synchronize=self._sync)
 
     @contextlib.contextmanager
     def paged_attention(self) -> Iterator[None]:
@@ -129,15 +172,48 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: Sequence[ScheduledSequenceLike], block_tables: dict[int, list[int]]) -> dict[int, int]:
-        """One forward pass over the batch; the greedy next token after each sequence's last scheduled token."""
+        """One forward pass over the batch; the greedy next token of each sequence that samples.
+
+        A sequence samples unless it says otherwise (`samples_token`, set by the scheduler: False for a
+        prefill chunk that does not reach the end of its prompt); logits are computed only there.
+        """
+        t0 = self._now()
         inputs = prepare_inputs(batch, block_tables, self.block_size, self.device)
+        sampling = [i for i, seq in enumerate(batch) if getattr(seq, "samples_token", True)]
+        kwargs = inputs.attention_kwargs()
+        if self.attention == "fast":
+            kwargs["fast_metadata"] = FastAttentionMetadata.build(
+                inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, self.block_size
+            )
+        keep = inputs.logits_indices[sampling] if len(sampling) < len(batch) else inputs.logits_indices
+        t1 = self._now()
+        attention_before = self._attention_timer.seconds
         with self.paged_attention():
             logits = self.model(
                 input_ids=inputs.input_ids[None],
                 position_ids=inputs.positions[None],
                 cache=self.kv_cache,
                 use_cache=True,
-                logits_to_keep=inputs.logits_indices,
-                **inputs.attention_kwargs(),
-            ).logits[0]  # [B, vocab]
-        return dict(zip(inputs.request_ids, logits.argmax(dim=-1).tolist()))
+                logits_to_keep=keep,
+                attention_timer=self._attention_timer,
+                **kwargs,
+            ).logits[0]  # [sampling sequences, vocab]
+        t2 = self._now()
+        tokens = logits.argmax(dim=-1).tolist() if sampling else []
+        t3 = self._now()
+        self._record(t0, t1, t2, t3, self._attention_timer.seconds - attention_before)
+        return {inputs.request_ids[i]: token for i, token in zip(sampling, tokens)}
+
+    def _now(self) -> float:
+        """A timestamp (after the queued GPU work when timings are synchronized)."""
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _record(self, t0: float, t1: float, t2: float, t3: float, attention_seconds: float) -> None:
+        """Add one step's parts to the running timings."""
+        self.timings.prepare += t1 - t0
+        self.timings.forward += t2 - t1
+        self.timings.attention += attention_seconds
+        self.timings.sample += t3 - t2
+        self.timings.steps += 1

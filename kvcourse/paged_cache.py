@@ -16,15 +16,42 @@ The model runner flattens a scheduler batch into one row of T tokens (batch dime
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvcourse import attention
+from kvcourse.backends.fast import FastAttentionMetadata, fast_paged_attention
 
 # The names under which our attention functions are registered with transformers.
-ATTENTION_IMPLEMENTATIONS = {"reference": "kvcourse_paged", "triton": "kvcourse_paged_triton"}
+ATTENTION_IMPLEMENTATIONS = {
+    "reference": "kvcourse_paged",  # the learner's attention (exercises 5.2 and 5.3): readable, one sequence at a time
+    "triton": "kvcourse_paged_triton",  # the learner's Triton decode kernel (exercise 5.4) for decode-only steps
+    "fast": "kvcourse_paged_fast",  # one gather for the whole batch, then PyTorch's fused SDPA (kvcourse.backends)
+}
+DEFAULT_ATTENTION = "fast"  # what the engine and the server use unless told otherwise
+
+
+class AttentionTimer:
+    """Wall seconds spent in attention, summed over layers and steps (the runner reads it per step)."""
+
+    def __init__(self, synchronize: bool = False) -> None:
+        self.seconds = 0.0
+        self.synchronize = synchronize  # on a GPU, wait for the kernels so the time is theirs, not the launch's
+
+    def start(self, device: torch.device) -> float:
+        """A timestamp, after the work already queued on the device (when synchronizing)."""
+        if self.synchronize and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    def stop(self, started: float, device: torch.device) -> None:
+        """Add the time since `started`."""
+        if self.synchronize and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.seconds += time.perf_counter() - started
 
 
 class PagedCacheLayer(CacheLayerMixin):
@@ -129,24 +156,34 @@ def paged_attention_forward(
     query_start_loc: torch.Tensor | None = None,
     scaling: float | None = None,
     backend: str = "reference",
+    fast_metadata: FastAttentionMetadata | None = None,
+    attention_timer: AttentionTimer | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
     """GPT-2's attention over the paged cache: decode-only steps take the decode kernel, mixed ones the varlen form.
 
     query is [1, H, T, D]; key and value are the layer's paged storage (what PagedCacheLayer.update
-    returned). Returns [1, T, H, D], as transformers expects.
+    returned). Returns [1, T, H, D], as transformers expects. The fast backend reads the step's
+    FastAttentionMetadata (built once per step by the runner; here when it did not).
     """
     if key.dim() != 4 or block_tables is None or seq_lens is None or query_start_loc is None:
         raise ValueError(
             "the kvcourse_paged attention needs the PagedKVCache and the forward keywords block_tables, "
             "seq_lens and query_start_loc: run the model through kvcourse's ModelRunner."
         )
+    started = attention_timer.start(query.device) if attention_timer else 0.0
     queries = query[0].transpose(0, 1)  # [T, H, D]
-    if queries.shape[0] == block_tables.shape[0]:  # T == B: one query per sequence, a pure decode step
+    if backend == "fast":
+        if fast_metadata is None:
+            fast_metadata = FastAttentionMetadata.build(block_tables, seq_lens, query_start_loc, key.shape[1])
+        out = fast_paged_attention(queries, key, value, fast_metadata, scale=scaling)
+    elif queries.shape[0] == block_tables.shape[0]:  # T == B: one query per sequence, a pure decode step
         decode = attention.triton_paged_decode_attention if backend == "triton" else attention.paged_decode_attention
         out = decode(queries, key, value, block_tables, seq_lens, scale=scaling)
     else:
         out = attention.paged_attention(queries, key, value, block_tables, seq_lens, query_start_loc, scale=scaling)
+    if attention_timer:
+        attention_timer.stop(started, query.device)
     return out.unsqueeze(0), None
 
 
