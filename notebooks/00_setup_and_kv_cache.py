@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 00 · Setup and the KV cache
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
 # This course builds the memory side of an LLM serving engine, the part of vLLM that decides
 # **where every token's keys and values live on the GPU**. You will write a memory-aware scheduler,
 # a paged KV-cache allocator, prefix sharing and paged attention, and end with an engine that runs
@@ -11,9 +15,11 @@
 #
 # **How the exercises work.** Each notebook points you at a function in the package `kvcourse/`
 # whose body says `raise NotImplementedError` under a `# TODO`. Write your code there, save the file,
-# and run the notebook's `check("N.M")` cell: it runs that exercise's tests in a fresh process and
+# and run the notebook's `check("N.M")` cell: it runs that exercise's tests in a separate process that
+# reads your file as saved (the first check starts it, later ones take a second or two) and
 # says *not attempted*, *not yet* (what failed and a hint), or *correct*. `hint("N.M")` repeats the
-# hint; `solution("N.M")` shows the reference if you are stuck.
+# hint; `solution("N.M")` shows the reference if you are stuck; `from kvcourse import reset` and
+# `reset("N.M")` put that exercise's stub back (your file is saved in `backups/` first).
 
 # %%
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.

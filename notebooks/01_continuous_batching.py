@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 01 · Continuous batching and its blind spot
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
 # A serving engine runs one model over many requests at once. **Continuous batching** re-plans the
 # batch at every iteration: a request joins as soon as there is room and leaves the moment it is done,
 # instead of the whole batch waiting for its slowest member. **Chunked prefill** cuts a long prompt

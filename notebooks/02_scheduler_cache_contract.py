@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 02 · The scheduler–cache contract
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
 # Notebook 01 ended with a scheduler that plans batches by token budget and batch size alone, and a
 # plan that needed more KV memory than the GPU had. The fix is a conversation: before the scheduler
 # puts a token in a batch, it **asks** a KV-cache manager for room for that token's keys and values;

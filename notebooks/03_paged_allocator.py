@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 03 · A paged KV-cache allocator
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
 # In notebook 02 the scheduler learned to *ask* for KV memory before it schedules a token, and a
 # `MockKVCacheManager` answered by counting blocks. Here you open the black box and build the real
 # thing, the way vLLM v1 does it:

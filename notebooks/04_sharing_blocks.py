@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 04 · Sharing blocks: reference counts, prefix caching, copy-on-write
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
 # Paged memory is tidy, but its real payoff comes from a second idea: **many requests can read the
 # same physical block**. Two requests that start with the same system prompt need the same keys and
 # values for it; four samples of one prompt share everything up to where they diverge. One copy in

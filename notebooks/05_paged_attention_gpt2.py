@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 05 · Paged attention on GPT-2
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
 # Notebooks 02 to 04 built the *control plane*: a scheduler that never runs a token it has no memory
 # for, and a KV-cache manager that hands out fixed-size blocks and shares them. Each request ends up
 # with a **block table**, a list of physical block ids. Nothing has stored a single key or value yet.

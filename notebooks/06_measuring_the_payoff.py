@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 06 · Measuring the payoff
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. A study stops at the first exercise of yours still
+# > unwritten (its `NotImplementedError`), and Run All stops there too, so run the notebook cell by cell.
+#
 # Five notebooks built the memory side of a serving engine: a scheduler that asks before it schedules,
 # a paged allocator, shared blocks, and attention that reads through a block table. This one asks what
 # it all buys, with numbers measured here, on this machine, in this run:
@@ -15,8 +19,10 @@
 #
 # Nothing to fill in here: every study is a command you can also run from a terminal,
 # `python -m kvcourse.bench {memory,throughput,kernel} [--quick] [--json]`, whose last line is one JSON
-# object with every figure and the device it ran on. The studies import your `kvcourse` modules; with
-# `KVCOURSE_SOLUTIONS=1` (how the stored outputs were made) they measure the reference solutions.
+# object with every figure and the device it ran on. The studies measure your `kvcourse` modules; to
+# measure the reference in `solutions/` instead, pass `reference=True` to a study's `run(...)` (or
+# `--reference` on the command line): it then runs in a separate process, and this kernel's modules and
+# environment stay as they are. (The stored outputs were made with `KVCOURSE_SOLUTIONS=1`.)
 
 # %%
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.

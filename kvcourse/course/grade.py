@@ -26,7 +26,7 @@ from kvcourse.course.exercises import EXERCISES, Exercise, get
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests" / "exercises"
-TEST_TIMEOUT_S = 30
+TEST_TIMEOUT_S = int(os.environ.get("KVCOURSE_TEST_TIMEOUT_S", "30"))  # per graded test (tests lower it)
 
 CORRECT, INCORRECT, NOT_ATTEMPTED, SKIPPED = "correct", "incorrect", "not attempted", "skipped"
 
