@@ -19,7 +19,10 @@
 # 2. the memory-blind scheduler serves a small workload, drawn as an **iteration timeline**;
 # 3. a **memory meter** shows the KV cache its plan needs climbing past what the GPU can hold.
 #
-# There is nothing to grade here: read, run, and change the numbers. Notebook 02 fixes the blind spot.
+# There is no code to write here: read, run, and change the numbers. Twice you are asked to **predict**
+# before the cell that shows the answer: `answer("1.a", None)` says what is asked; replace `None` with
+# your guess and run it (it is graded on the scoreboard, beside the exercises). Notebook 02 fixes the
+# blind spot.
 
 # %%
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
@@ -54,7 +57,7 @@ import inspect
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from kvcourse import toy, viz
+from kvcourse import answer, toy, viz
 
 # %% [markdown]
 # ## 1. A toy model that remembers everything
@@ -148,6 +151,13 @@ print(f"{len(trace.steps)} iterations. First ones (Rn = request n, @ = positions
 print(trace.format(limit=8))
 
 # %% [markdown]
+# **Predict.** The scheduler cut long prompts into chunks and interleaved eight requests. Are the outputs
+# the same as generating each request alone, with nothing else running? Answer `"yes"` or `"no"`.
+
+# %%
+answer("1.a", None)
+
+# %% [markdown]
 # Every request finished, and the outputs are exactly those of generating each request alone:
 # slicing prompts into chunks and interleaving requests changes nothing, because every token is
 # computed from the full context in the cache.
@@ -173,7 +183,17 @@ plt.show()
 # Every token a running request has processed keeps its keys and values in the KV cache until the
 # request finishes. For GPT-2 small in fp16 that is 36,864 bytes per token (notebook 00). Suppose our
 # GPU slice can hold **768 tokens** of KV cache (48 blocks of 16 tokens, about 27 MiB). The scheduler
-# does not know this number; here is what its plan needs at each iteration.
+# does not know this number.
+#
+# **Predict.** Six requests run at once, with prompts of 40 to 200 tokens that grow by one token per
+# decode. At its peak, the plan needs (a) less than 768 tokens of KV cache, (b) up to 10% more,
+# (c) 10 to 50% more, or (d) over 50% more?
+
+# %%
+answer("1.b", None)
+
+# %% [markdown]
+# Here is what the plan needs at each iteration.
 
 # %%
 CAPACITY_TOKENS = 48 * 16

@@ -15,21 +15,28 @@
 # 1. separate the two roles: the scheduler (**policy**) and the KV-cache manager (**mechanism**);
 # 2. meet the data structures they exchange and the few methods of their contract;
 # 3. drive the contract from a mock manager that only counts blocks;
-# 4. make `StallFreeScheduler` memory-aware, in five exercises in `kvcourse/scheduler.py`:
+# 4. make `StallFreeScheduler` memory-aware, in nine exercises in `kvcourse/scheduler.py`, from the
+#    source lesson's three TODOs to the whole step:
 #
-# | exercise | what you write |
-# |---|---|
-# | 2.1 | allocate a slot for each decode |
-# | 2.2 | allocate prefill chunks, for running and for newly admitted requests |
-# | 2.3 | free a request's blocks when it completes |
-# | 2.4 | preempt (by recompute) when a running request cannot get its next block |
-# | 2.5 | reject a request that could never fit |
+# | exercise | what you write | minutes |
+# |---|---|---|
+# | 2.1 | allocate a slot for each decode | 10 |
+# | 2.2 | allocate prefill chunks, for running and for newly admitted requests | 15 |
+# | 2.3 | free a request's blocks when it completes | 5 |
+# | 2.4 | plan one step: decodes, the prefill in progress, then admissions | 20 |
+# | 2.5 | take the step's results in (`update_from_output`) | 15 |
+# | 2.6 | first-come, first-served admission | 10 |
+# | 2.7 | preempt the newest request (by recompute) | 10 |
+# | 2.8 | preempt until it fits | 10 |
+# | 2.9 | reject a request that could never fit | 10 |
 #
-# Along the way, five **spot the bug** boxes show what goes wrong in the lesson this course grew from:
-# each one runs the buggy version first, then the fix.
+# Each exercise states a **contract** (what must be true when your code returns), not the statements to
+# write. Six **spot the bug** boxes show what goes wrong in the lesson this course grew from, each
+# before the exercise that fixes it; and three times you are asked to **predict** before the cell that
+# shows the answer: `answer("2.a", None)` says what is asked, replace `None` with your guess.
 #
-# After each exercise, run its `check(...)` cell. `hint("2.1")` gives a nudge; `solution("2.1")`
-# shows the reference when you are stuck.
+# After each exercise, run its `check(...)` cell. Stuck? `hint("2.1")` nudges, `hint("2.1", level=2)`
+# gives the approach in words, and `solution("2.1")` shows the reference.
 
 # %%
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
@@ -59,13 +66,12 @@ if IN_COLAB:
 # %autoreload 2
 
 # %%
-import inspect
 from collections import deque
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
-from kvcourse import check, toy, viz
+from kvcourse import answer, check, hint, solution, toy, viz  # noqa: F401  (hint, solution: for you)
 from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
 from kvcourse.models import LESSON_PROMPTS, load_tokenizer
 from kvcourse.request import Request
@@ -270,8 +276,16 @@ manager.free(request)  # a second free is harmless
 # The source lesson's mock does not count blocks from the tokens a request will hold. It guesses how
 # much room is left in the last block from `tokens_processed`, with the comment *"This is a
 # simplification; a real manager would be more precise"*. Its scheduler advances `tokens_processed`
-# only for prefill chunks, never for decodes. Here is its arithmetic, for a 15-token prompt in blocks
-# of 16 followed by 20 decodes:
+# only for prefill chunks, never for decodes. Take a 15-token prompt in blocks of 16, followed by 20
+# decodes: 35 tokens, which need 3 blocks.
+#
+# **Predict.** How many blocks does the lesson's mock hold for this request after the 20 decodes?
+
+# %%
+answer("2.a", None)
+
+# %% [markdown]
+# Here is its arithmetic:
 
 
 # %%
@@ -320,15 +334,17 @@ for decode in range(1, 21):
 # ## 5. The memory-aware scheduler
 #
 # `StallFreeScheduler(token_budget, max_batch_size, kv_cache_manager)` keeps the lesson's names:
-# `waiting_queue` (a deque) and `active_pool` (a dict of running requests, in admission order).
-# `schedule_next_batch` still fills the budget in three passes, and now every pass secures memory
-# before it schedules anything:
-
-# %%
-print(inspect.getsource(StallFreeScheduler.schedule_next_batch))
-
-
-# %% [markdown]
+# `waiting_queue` (a deque) and `active_pool` (a dict of running requests, in admission order). This is
+# what one call of `schedule_next_batch()` must guarantee; you will write it, piece by piece:
+#
+# * **Order.** First a decode for every running request past its prefill (oldest admission first), then
+#   at most one chunk of a running request that is still prefilling, then admissions from the waiting
+#   queue, first come, first served.
+# * **Limits.** At most `token_budget` tokens and `max_batch_size` sequences; each request at most once.
+# * **Memory first.** No token goes into the batch before `allocate_slots` has succeeded for it. A
+#   running request that gets no memory may take it from a younger one (preemption, section 7); a
+#   newcomer never takes memory from anyone, and a step that had to preempt admits nobody.
+#
 # The bookkeeping rules that the executor and the rest of the course rely on:
 #
 # * **`num_computed_tokens` advances when a chunk is scheduled**, right after `allocate_slots`
@@ -338,103 +354,29 @@ print(inspect.getsource(StallFreeScheduler.schedule_next_batch))
 #   cached, and its tokens are `all_token_ids[start:start + n]`.
 # * **The chunk that reaches `num_tokens` samples a token** (`ScheduledSequence.samples_token`): the
 #   last prefill chunk samples the first output token, and every decode samples the next one.
-#   `update_from_output(batch, {request_id: token})` appends them and finishes complete requests.
 #
-# The small helpers are written for you: `_advance(request, n, is_decode)` builds the
-# `ScheduledSequence` for the next `n` tokens and advances `num_computed_tokens`;
-# `_allocate_or_preempt(request, n)` calls `allocate_slots` and, when memory is short, preempts
-# (Exercise 2.4) until it succeeds or the request itself had to step back.
+# Written for you: `_advance(request, n, is_decode)` builds the `ScheduledSequence` for the next `n`
+# tokens and advances `num_computed_tokens`; `_budget_left(batch)` and `_has_room(batch, n)` do the
+# budget arithmetic; `_is_prefilling(request)` says whether a running request still has prompt to feed;
+# `_running(request_id)` finds a running request or raises a clear error. Each exercise's comment in
+# `kvcourse/scheduler.py` states its **contract**: what must be true when your code returns. Design the
+# code yourself; `hint("2.1")` nudges, `hint("2.1", level=2)` gives the approach in words, and
+# `solution("2.1")` shows the reference.
 #
-# Requests normally enter through `scheduler.add_request(request)`, which first checks that the
-# request could ever fit in the cache: that check is Exercise 2.5, at the end of the notebook. Until
-# then, the demos put requests straight into the waiting queue with `enqueue`:
+# The first three exercises are the source lesson's own three TODOs, each in a method of its own. Until
+# `schedule_next_batch` exists (Exercise 2.4), the demos call those methods directly, and put requests
+# straight into the waiting queue with `enqueue` (`add_request` also checks that a request could ever
+# fit in the cache: that is Exercise 2.9):
 
 
 # %%
 def enqueue(scheduler, *requests):
-    """What add_request does, minus the check that a request can ever fit (Exercise 2.5)."""
+    """What add_request does, minus the check that a request can ever fit (Exercise 2.9)."""
     scheduler.waiting_queue.extend(requests)
 
 
 # %% [markdown]
-# ### Exercise 2.1: allocate a slot for each decode
-#
-# A decode feeds one token: the request's newest sampled token, at position `num_computed_tokens`.
-# In `kvcourse/scheduler.py`, fill in `StallFreeScheduler._schedule_decode`: ask for room for that
-# one token with `self._allocate_or_preempt(request, 1)`; if that fails return `None` (the request
-# gets no decode this step), otherwise return `self._advance(request, 1, is_decode=True)`.
-
-# %%
-check("2.1")
-
-# %% [markdown]
-# ### Exercise 2.2: allocate prefill chunks
-#
-# Two places, both in `kvcourse/scheduler.py`:
-#
-# * `_schedule_prefill_chunk(request, token_budget_left)`, for a **running** request whose tokens are
-#   not all cached (a chunked prompt, or a recompute after preemption): the chunk is its uncomputed
-#   tokens, at most `token_budget_left`; get room with `self._allocate_or_preempt`, then `_advance`.
-# * `_admit(request, token_budget_left)`, for a **waiting** request: `num_computed` of its tokens are
-#   already cached (prefix-cache hits; always 0 with the mock). Ask
-#   `allocate_slots(request, n, num_computed, computed_blocks)` for the rest of its first chunk. A
-#   newcomer preempts nobody: on `None` it simply keeps waiting. On success, take **this** request
-#   out of the waiting queue, mark it `RUNNING`, put it in `active_pool`, count the cached tokens as
-#   computed and `_advance`.
-
-# %%
-check("2.2")
-
-
-# %% [markdown]
-# ### Spot the bug 2: admission pops the head of the queue
-#
-# The source lesson admits like this: it iterates over a **copy** of the waiting queue, skips a
-# request that does not fit, and, for one that fits, calls `popleft()`. Suppose request 1 is too big
-# for the free memory right now and request 2 fits:
-
-
-# %%
-def lesson_admission(waiting_queue, active_pool, fits):
-    """The source lesson's admission loop, reduced to its bookkeeping."""
-    for req in list(waiting_queue):  # iterate over a copy ...
-        if fits(req):
-            waiting_queue.popleft()  # ... but pop the HEAD of the real queue
-            active_pool[req.id] = req
-
-
-big = Request(id=1, prompt_tokens=list(range(14)), max_new_tokens=4)
-small = Request(id=2, prompt_tokens=list(range(6)), max_new_tokens=4)
-waiting_queue, active_pool = deque([big, small]), {}
-lesson_admission(waiting_queue, active_pool, fits=lambda req: req.num_tokens <= 8)
-print("waiting:", [r.id for r in waiting_queue], "| running:", list(active_pool))
-
-# %% [markdown]
-# Request 1 vanished: it is in neither the queue nor the running set, so it will never run, and nobody
-# will ever say so. Request 2 is in both, so it would be admitted twice. **The fix**: remove the request
-# you admit, `waiting_queue.remove(req)`, not the head. Your `_admit` does; here is the same situation
-# through your scheduler (7 of 10 blocks held by someone else):
-
-# %%
-manager = MockKVCacheManager(num_blocks=10, block_size=4)
-manager.allocate_slots(Request(id=99, prompt_tokens=[0] * 28, max_new_tokens=0), 28)  # someone else
-scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=manager)
-big = Request(id=1, prompt_tokens=list(range(14)), max_new_tokens=4)
-small = Request(id=2, prompt_tokens=list(range(6)), max_new_tokens=4)
-enqueue(scheduler, big)
-enqueue(scheduler, small)
-batch = scheduler.schedule_next_batch()
-print(
-    "scheduled:",
-    [s.request_id for s in batch],
-    "| waiting:",
-    [r.id for r in scheduler.waiting_queue],
-    "| running:",
-    list(scheduler.active_pool),
-)
-
-# %% [markdown]
-# ### Spot the bug 3: a placeholder for the first decode
+# ### Spot the bug 2: a placeholder for the first decode
 #
 # In the source lesson, prefill chunks never sample. The first decode therefore has no token to feed,
 # so it feeds a placeholder, `-1`, at position `len(prompt) + len(outputs)`. Our toy model reads its
@@ -466,8 +408,212 @@ except ValueError as error:
     print("Failing run:", error)
 
 # %% [markdown]
-# **The fix**: the chunk that completes the prompt samples the first output token, and every position
-# starts at `num_computed_tokens`. Your scheduler, step by step, on the same prompt:
+# **The fix** is in the contract: the chunk that completes the prompt samples the first output token,
+# a decode feeds the newest sampled token, and every position starts at `num_computed_tokens`.
+#
+# ### Exercise 2.1: allocate a slot for each decode
+#
+# In `kvcourse/scheduler.py`, write `StallFreeScheduler._schedule_decode(request)`. The request is
+# running and past its prefill: only its newest token is not cached. The method returns the decode of
+# that token, or `None` when no memory could be made for it, and it never schedules a token whose KV
+# memory is not secured. Memory for a running request comes from `self._allocate_or_preempt(request, n)`,
+# the one place that decides who steps back when memory is short (you write its inside in Exercise 2.8;
+# when there is room it already works). One token may or may not need a new block: which is it here?
+
+# %%
+check("2.1")
+
+# %%
+scheduler = StallFreeScheduler(64, 4, MockKVCacheManager(num_blocks=8, block_size=4))
+request = Request(id=0, prompt_tokens=list(range(1, 8)), max_new_tokens=5, output_tokens=[42])
+scheduler.kv_cache_manager.allocate_slots(request, 7)  # the prompt is cached: 7 tokens in 2 blocks
+request.num_computed_tokens = 7
+scheduler.active_pool[request.id] = request
+print(scheduler._schedule_decode(request), "| blocks:", scheduler.kv_cache_manager.get_block_ids(request))
+request.output_tokens.append(43)
+print(scheduler._schedule_decode(request), "| blocks:", scheduler.kv_cache_manager.get_block_ids(request))
+
+
+# %% [markdown]
+# ### Spot the bug 3: admission pops the head of the queue
+#
+# The source lesson admits like this: it iterates over a **copy** of the waiting queue, skips a
+# request that does not fit, and, for one that fits, calls `popleft()`. Suppose request 1 is too big
+# for the free memory right now and request 2 fits:
+
+
+# %%
+def lesson_admission(waiting_queue, active_pool, fits):
+    """The source lesson's admission loop, reduced to its bookkeeping."""
+    for req in list(waiting_queue):  # iterate over a copy ...
+        if fits(req):
+            waiting_queue.popleft()  # ... but pop the HEAD of the real queue
+            active_pool[req.id] = req
+
+
+big = Request(id=1, prompt_tokens=list(range(14)), max_new_tokens=4)
+small = Request(id=2, prompt_tokens=list(range(6)), max_new_tokens=4)
+waiting_queue, active_pool = deque([big, small]), {}
+lesson_admission(waiting_queue, active_pool, fits=lambda req: req.num_tokens <= 8)
+print("waiting:", [r.id for r in waiting_queue], "| running:", list(active_pool))
+
+# %% [markdown]
+# Request 1 vanished: it is in neither the queue nor the running set, so it will never run, and nobody
+# will ever say so. Request 2 is in both, so it would be admitted twice. Keep that in mind for the
+# next exercise: whatever request you admit is the one that must leave the queue.
+#
+# ### Exercise 2.2: allocate prefill chunks
+#
+# Two methods, both in `kvcourse/scheduler.py`:
+#
+# * `_schedule_prefill_chunk(request, token_budget_left)`, for a **running** request whose tokens are
+#   not all cached (a long prompt in chunks, or a recompute after preemption): it returns the next
+#   chunk, as long as the budget allows, or `None` when no memory could be made. As in 2.1, memory
+#   comes first, and from `_allocate_or_preempt`.
+# * `_admit(request, token_budget_left)`, for a **waiting** request: the manager's
+#   `get_computed_blocks(request)` may report a cached prefix (prefix-cache hits; none with the mock),
+#   and the first chunk is what comes after it. A newcomer preempts nobody: when `allocate_slots`
+#   (told about the hits) says no, `_admit` returns `None` and nothing has changed. On success, **this**
+#   request has left the queue, is `RUNNING`, is the newest entry of `active_pool`, and counts its cached
+#   prefix and its first chunk as computed.
+
+# %%
+check("2.2")
+
+# %% [markdown]
+# The situation of the bug above, 7 of 10 blocks held by someone else: your `_admit` refuses the big
+# request without touching it, and admits the small one, which alone leaves the queue.
+
+# %%
+manager = MockKVCacheManager(num_blocks=10, block_size=4)
+manager.allocate_slots(Request(id=99, prompt_tokens=[0] * 28, max_new_tokens=0), 28)  # someone else
+scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=manager)
+big = Request(id=1, prompt_tokens=list(range(14)), max_new_tokens=4)
+small = Request(id=2, prompt_tokens=list(range(6)), max_new_tokens=4)
+enqueue(scheduler, big, small)
+print("admit request 1:", scheduler._admit(big, 64))
+print("admit request 2:", scheduler._admit(small, 64))
+print("waiting:", [r.id for r in scheduler.waiting_queue], "| running:", list(scheduler.active_pool))
+
+# %% [markdown]
+# ### Exercise 2.3: free blocks on completion
+#
+# When a request is complete (it has `max_new_tokens` tokens, or it sampled its end-of-sequence token),
+# `_finish(request)` settles it. Write it: afterwards the request is `FINISHED`, it has left the running
+# set, and all its blocks are back with the manager, at once, so that a waiting request can use them in
+# this very step; the other requests keep theirs. Without this, a finished request keeps its memory
+# forever, and the cache fills with the dead.
+
+# %%
+check("2.3")
+
+# %% [markdown]
+# ### Exercise 2.4: plan one step
+#
+# Now the step itself: `schedule_next_batch()` and its first two passes, `_schedule_decodes(batch)` and
+# `_schedule_prefill_in_progress(batch)`, built on your 2.1 and 2.2. The contract is the list at the top
+# of this section: order, limits, memory first. Two details decide whether your step is right:
+#
+# * a decode may preempt a younger running request; that request must then get nothing in this step;
+# * a step in which anyone was preempted (`self.num_preemptions` grew) must not call
+#   `self._admit_waiting(batch)`: the memory just freed is for the requests already running.
+
+# %%
+check("2.4")
+
+# %% [markdown]
+# ### Exercise 2.5: take the step's results in
+#
+# After the executor ran the batch, `update_from_output(batch, sampled_token_ids)` receives one sampled
+# token per sequence whose `samples_token` is true. Write it: each such request gets its token appended;
+# a chunk that does not reach the end of its prompt samples nothing; every request that is now complete
+# is finished (your 2.3); the method returns the requests it finished. A sequence that should have sampled
+# but got no token is a `ValueError` that names the request.
+
+# %%
+check("2.5")
+
+# %% [markdown]
+# ### Spot the bug 4: skipping ahead starves a large request
+#
+# The source lesson, and this course until recently, admitted **past** a request that did not fit: try
+# the next one in the queue, and the next. It looks efficient: memory that the head cannot use goes to
+# someone who can. Here is that policy, on a cache of 16 blocks of 4 tokens: three small requests, then
+# one of 40 prompt tokens (it needs 10 free blocks at once), then a new small request after every step,
+# for 150 steps.
+
+
+# %%
+class SkipAheadScheduler(StallFreeScheduler):
+    """Admission that skips a waiting request that does not fit and admits the ones behind it."""
+
+    def _admit_waiting(self, batch):
+        for request in list(self.waiting_queue):
+            if not self._has_room(batch) or len(self.active_pool) >= self.max_batch_size:
+                return
+            sequence = self._admit(request, self._budget_left(batch))
+            if sequence is not None:
+                batch.append(sequence)
+
+
+def steady_stream(scheduler_class, arrival_steps=150):
+    """Run the stream; return the step in which the 40-token request finished, and the trace."""
+    scheduler = scheduler_class(64, 8, MockKVCacheManager(num_blocks=16, block_size=4))
+    enqueue(scheduler, *toy.toy_requests([6, 6, 6], max_new_tokens=6, seed=1, first_id=10))
+    large = toy.toy_requests([40], max_new_tokens=8, seed=2)[0]
+    enqueue(scheduler, large)
+    new_ids = iter(range(100, 100 + arrival_steps))
+
+    def arrive(iteration, batch, scheduler):
+        if iteration < arrival_steps:
+            enqueue(scheduler, toy.toy_requests([6], max_new_tokens=6, seed=iteration, first_id=next(new_ids))[0])
+
+    trace = toy.run(scheduler, on_step=arrive)
+    done = next(step.iteration for step in trace.steps if large.id in step.finished)
+    return done, trace
+
+
+# %% [markdown]
+# **Predict.** With skip-ahead, the 40-token request finishes (a) within 20 steps, (b) within 100 steps,
+# or (c) only after the small requests stop arriving?
+
+# %%
+answer("2.b", None)
+
+# %%
+done, trace = steady_stream(SkipAheadScheduler)
+small_done = sum(len(step.finished) for step in trace.steps if step.iteration < done)
+print(f"skip-ahead: the 40-token request finished in step {done} of {len(trace.steps)};")
+print(f"{small_done} small requests finished before it.")
+fig, ax = plt.subplots(figsize=(10, 2.6))
+viz.plot_memory(trace, capacity_tokens=16 * 4, ax=ax, title="Skip-ahead: small requests keep every block busy")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Every time a small request finishes, its blocks go to the small request behind the head, never enough
+# of them free at once for the large one; it runs only when the stream dries up (and, in a server, it
+# never does). vLLM v1 admits **first come, first served**: when the head of the queue cannot be
+# allocated, admission stops for this step. The blocks that small requests give back then accumulate
+# until the head fits.
+#
+# ### Exercise 2.6: first-come, first-served admission
+#
+# Write `_admit_waiting(batch)`: it appends the first chunk of each request it admits (your `_admit`), in
+# queue order, while the batch has room and fewer than `max_batch_size` requests are running, and it
+# stops at the first request that cannot be admitted: nobody behind it may go first.
+
+# %%
+check("2.6")
+
+# %%
+done, trace = steady_stream(StallFreeScheduler)
+print(f"first come, first served: the 40-token request finished in step {done} of {len(trace.steps)}.")
+
+# %% [markdown]
+# **The fix of spot the bug 2, step by step.** Your scheduler now runs whole steps. On the prompt of
+# spot the bug 2: the chunk that completes the prompt samples, and each decode feeds the newest token at
+# the next position.
 
 # %%
 scheduler = StallFreeScheduler(64, 4, MockKVCacheManager(num_blocks=8, block_size=4))
@@ -480,18 +626,6 @@ while scheduler.has_unfinished_requests():
     sampled = executor.execute(batch, toy.block_tables_for(scheduler, batch))
     scheduler.update_from_output(batch, sampled)
 print("outputs:", request.output_tokens, "| generated alone:", toy.toy_generate(prompt, 3))
-
-# %% [markdown]
-# ### Exercise 2.3: free blocks on completion
-#
-# When `update_from_output` appends a token and the request `is_complete()` (it has `max_new_tokens`
-# tokens, or it sampled its end-of-sequence token), it calls `_finish(request)`. Fill it in: set the
-# status to `FINISHED`, remove the request from `active_pool`, and give its blocks back with
-# `self.kv_cache_manager.free(request)`. Without this, a finished request keeps its memory forever,
-# and the cache fills with the dead.
-
-# %%
-check("2.3")
 
 # %% [markdown]
 # ## 6. The source lesson's example
@@ -535,7 +669,7 @@ print("free blocks at the end:", manager.get_num_free_blocks(), "of", manager.nu
 # 16 to 24 prompt tokens that each want 24 more: all four fit at admission, but they grow by one
 # token per decode, and their blocks run out while all of them are still running.
 #
-# ### Spot the bug 4: skipping is a deadlock
+# ### Spot the bug 5: skipping is a deadlock
 #
 # The source lesson's answer to a failed allocation is to skip the request for this step and try
 # again next step. Here is that policy, as a scheduler whose running requests just wait when they get
@@ -570,26 +704,42 @@ except toy.Deadlock as stall:
 # none of them will ever finish to give one back. Waiting does not help: the scheduler must **take**
 # memory from someone.
 #
-# ### Exercise 2.4: preempt by recompute
+# ### Exercise 2.7: preempt the newest (by recompute)
 #
 # vLLM's answer is **preemption by recompute**: pick a victim, free all its blocks, and put it back at
 # the **head** of the waiting queue. Its generated tokens are kept; when it is admitted again, its
 # prefill recomputes the K/V of the prompt *and* of those tokens (`all_token_ids`), and it continues
-# exactly where it stopped. The victim is the **most recently admitted** running request: it has
-# the least work to lose, and the oldest request always makes progress, so the run always ends.
+# exactly where it stopped. The victim is the **most recently admitted** running request: under
+# first-come, first-served it has the lowest priority, and since the oldest request is never the
+# victim of a younger one, it always makes progress, so the run always ends.
 #
-# Fill in `StallFreeScheduler._preempt_most_recent`: the victim is the last request in
-# `active_pool`. Remove it from the running set, `free` its blocks, set `num_computed_tokens` to 0
-# (keep `output_tokens`), set its status to `PREEMPTED`, add one to its `num_preemptions` and to
-# `self.num_preemptions`, `appendleft` it to the waiting queue, and return it.
-# `_allocate_or_preempt` (written for you) calls it until the allocation succeeds, or until the
-# victim is the requester itself, which then waits at the head of the queue.
+# Write `_preempt_most_recent()`. It returns the victim; afterwards the victim is no longer running, its
+# blocks are back with the manager, nothing of it counts as cached but its output tokens are kept, it
+# is `PREEMPTED`, its own and the scheduler's preemption counts have grown by one, and it waits at the
+# head of the queue, ahead of requests that never ran.
 
 # %%
-check("2.4")
+check("2.7")
 
 # %% [markdown]
-# The same tight cache, with preemption:
+# ### Exercise 2.8: preempt until it fits
+#
+# `_allocate_or_preempt(request, n)` is where 2.1 and 2.2 get their memory. When `allocate_slots`
+# succeeds at the first try, it returns `True` (that part is written). Write the rest, for when memory
+# is short: preempt, newest first, as few requests as needed until `allocate_slots` succeeds (return
+# `True`); when the request itself turns out to be the newest, it steps back (return `False`): it is
+# then preempted and waits at the head of the queue. Nobody older than the request is ever preempted
+# for it, and the loop always ends.
+
+# %%
+check("2.8")
+
+# %% [markdown]
+# The same tight cache, with preemption. **Predict** first: the four requests (ids 0 to 3) are admitted
+# in the order of their ids. Which one is preempted first?
+
+# %%
+answer("2.c", None)
 
 # %%
 scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=MockKVCacheManager(**TIGHT_CACHE))
@@ -623,13 +773,13 @@ plt.show()
 # %% [markdown]
 # ## 8. A request that can never fit
 #
-# ### Spot the bug 5: it waits forever
+# ### Spot the bug 6: it waits forever
 #
 # A cache of 12 blocks of 8 tokens holds 96 tokens. A request with a 100-token prompt can never fit,
 # however long it waits. The source lesson would skip it every step, forever. With preemption it is
 # worse: it is admitted (its first chunk fits), grows, preempts itself, and starts over, while the
 # request behind it in the queue starves. Here it is, put in the queue with `enqueue`, which skips the
-# check that Exercise 2.5 adds:
+# check that Exercise 2.9 adds:
 
 
 # %%
@@ -649,17 +799,18 @@ except toy.Deadlock as stall:
 print("statuses:", {r.id: r.status.name for r in requests})
 
 # %% [markdown]
-# ### Exercise 2.5: reject what can never fit
+# ### Exercise 2.9: reject what can never fit
 #
-# At its longest, a request holds `len(prompt_tokens) + max_new_tokens` tokens. If the blocks for
-# that many tokens (a partial block counts) are more than the **whole** cache (`num_blocks`), it can
-# never finish. Fill in `StallFreeScheduler._reject_if_never_fits`, which `add_request` calls: in
-# that case set the status to `REJECTED`, write a `reason` a user could read, and return `True`
-# (`add_request` then lists it in `scheduler.rejected` instead of queueing it). Otherwise return
-# `False`. A rejected request is settled: it is never silently dropped, and it never blocks others.
+# At its longest, a request holds `len(prompt_tokens) + max_new_tokens` tokens. If the blocks for that
+# many tokens (a partial block counts) are more than the **whole** cache (`num_blocks`), it can never
+# finish. `add_request` asks `_reject_if_never_fits(request)`; write it. It returns `True` exactly when
+# the request can never fit, and then the request is `REJECTED`, has a `reason` a user can act on (what
+# it needs, what there is), and is listed in `scheduler.rejected`; `add_request` leaves it out of the
+# queue. When it returns `False`, nothing has changed. A rejected request is settled: never silently
+# dropped, and it never blocks others.
 
 # %%
-check("2.5")
+check("2.9")
 
 # %%
 scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=MockKVCacheManager(**TIGHT_CACHE))
@@ -682,9 +833,10 @@ for request in requests:
 #   failure), `free`, `get_num_free_blocks`, `can_allocate`, plus the block tables for the executor.
 # * **No token without memory.** Every scheduled token was allocated first; `num_computed_tokens`
 #   advances with it, positions follow from it, and the chunk that reaches the end samples.
-# * **Failure is policy too.** A failed allocation is not an error: a newcomer waits, a running
-#   request preempts the most recently admitted one (recompute, nothing lost), and a request that
-#   could never fit is rejected, with a reason, at once.
+# * **Failure is policy too.** A failed allocation is not an error: a newcomer waits, and so does
+#   everyone behind it (first come, first served: skipping ahead starves large requests); a running
+#   request preempts the most recently admitted one, the lowest priority (recompute, nothing lost); and
+#   a request that could never fit is rejected, with a reason, at once.
 #
 # In **03 · A paged KV-cache allocator** you replace the mock with the real thing: a free-block queue,
 # a block pool and a `KVCacheManager` with one block table per request. Your scheduler will run on it
