@@ -258,13 +258,16 @@ def compile_decode_kernels(
     kernel, archs=tuple(ARCHS), dtypes=DTYPES, block_size: int = 16, head_dim: int = 64
 ) -> list[CompiledKernel]:
     """Every (arch, dtype) pair, compiled here, or in one clean process when Triton's interpreter owns this one."""
-    jobs = [
-        (arch, dtype, *decode_kernel_signature(kernel, dtype, block_size, head_dim))
-        for arch in archs
-        for dtype in dtypes
-    ]
+
+    def job(arch, dtype):
+        return (arch, dtype, *decode_kernel_signature(kernel, dtype, block_size, head_dim))
+
+    jobs = [job(arch, dtype) for arch in archs for dtype in dtypes]
     if _interpreted(kernel):
-        return _compile_elsewhere(kernel, jobs)
+        # one clean process costs seconds to start: compile every target and dtype there at once
+        wanted = {(a, d) for a, d, *_ in jobs}
+        extra = [job(a, d) for a in ARCHS for d in DTYPES if (a, d) not in wanted]
+        return _compile_elsewhere(kernel, jobs, extra)
     return [compile_kernel(kernel, sig, consts, attrs, arch, dtype) for arch, dtype, sig, consts, attrs in jobs]
 
 
@@ -292,15 +295,18 @@ path, name, jobs, out = pickle.load(open(sys.argv[1], "rb"))
 spec = importlib.util.spec_from_file_location("_kernel_source", path)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-try:
-    result = [kc.compile_kernel(getattr(module, name), s, c, a, arch, dt) for arch, dt, s, c, a in jobs]
-except kc.KernelCompileError as error:
-    result = error
-pickle.dump(result, open(out, "wb"))
+results = []
+for arch, dtype, signature, constexprs, attrs in jobs:
+    try:
+        results.append(kc.compile_kernel(getattr(module, name), signature, constexprs, attrs, arch, dtype))
+    except kc.KernelCompileError as error:
+        results.append(error)
+pickle.dump(results, open(out, "wb"))
 """
+_FAILED: dict[tuple, KernelCompileError] = {}  # compile errors met in a clean process, per key
 
 
-def _compile_elsewhere(kernel, jobs: list) -> list[CompiledKernel]:
+def _compile_elsewhere(kernel, jobs: list, extra: list = ()) -> list[CompiledKernel]:
     """Compile in a fresh Python without TRITON_INTERPRET (the interpreter patches Triton's language in place)."""
     import inspect
     import os
@@ -308,25 +314,30 @@ def _compile_elsewhere(kernel, jobs: list) -> list[CompiledKernel]:
     import sys
 
     fn = jit_function(kernel)
-    keys = [(fn.cache_key, arch, str(sig), str(consts), str(attrs)) for arch, _, sig, consts, attrs in jobs]
-    if all(key in _COMPILED for key in keys):
-        return [_COMPILED[key] for key in keys]
-    with tempfile.TemporaryDirectory() as tmp:
-        request, out = Path(tmp, "request.pkl"), Path(tmp, "result.pkl")
-        request.write_bytes(pickle.dumps((inspect.getsourcefile(fn.fn), fn.__name__, jobs, str(out))))
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(request)], env=env, capture_output=True, text=True, timeout=600
-        )
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"the compile process failed: {done.stderr.strip()[-2000:]}")
-        result = pickle.loads(out.read_bytes())
-    if isinstance(result, KernelCompileError):
-        raise result
-    _COMPILED.update(zip(keys, result))
-    return result
+
+    def key(job):
+        arch, _, sig, consts, attrs = job
+        return (fn.cache_key, arch, str(sig), str(consts), str(attrs))
+
+    todo = [j for j in [*jobs, *extra] if key(j) not in _COMPILED and key(j) not in _FAILED]
+    if any(key(j) not in _COMPILED and key(j) not in _FAILED for j in jobs):
+        with tempfile.TemporaryDirectory() as tmp:
+            request, out = Path(tmp, "request.pkl"), Path(tmp, "result.pkl")
+            request.write_bytes(pickle.dumps((inspect.getsourcefile(fn.fn), fn.__name__, todo, str(out))))
+            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+            root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+            done = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(request)], env=env, capture_output=True, text=True, timeout=600
+            )
+            if done.returncode != 0 or not out.exists():
+                raise RuntimeError(f"the compile process failed: {done.stderr.strip()[-2000:]}")
+            for job, result in zip(todo, pickle.loads(out.read_bytes())):
+                (_FAILED if isinstance(result, KernelCompileError) else _COMPILED)[key(job)] = result
+    for job in jobs:
+        if key(job) in _FAILED:
+            raise _FAILED[key(job)]
+    return [_COMPILED[key(job)] for job in jobs]
 
 
 def explain(error: BaseException, fn, target: str) -> KernelCompileError:
