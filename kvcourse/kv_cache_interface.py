@@ -9,6 +9,7 @@ any `ExecutorProtocol`: the toy model of notebooks 01-04 or GPT-2's `ModelRunner
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -162,18 +163,23 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def _is_whole_number(value: object) -> bool:
+    """An int (numpy and torch integers too), not a bool, a float or anything else."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_token_count(name: str, value: int) -> None:
-    """Token counts come from the scheduler's arithmetic; a negative one is a bug to report early."""
-    if value < 0:
-        raise ValueError(f"{name} is {value}; a token count must be 0 or more.")
+    """Token counts come from the scheduler's arithmetic; a negative or fractional one is a bug to report early."""
+    if not _is_whole_number(value) or value < 0:
+        raise ValueError(f"{name} is {value!r}; a token count must be a whole number, 0 or more.")
 
 
 def check_cache_shape(num_blocks: int, block_size: int) -> None:
     """A cache needs at least one block of at least one token; say which number is wrong."""
-    if num_blocks <= 0:
-        raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
-    if block_size <= 0:
-        raise ValueError(f"block_size is {block_size}; a block holds at least one token.")
+    if not _is_whole_number(num_blocks) or num_blocks <= 0:
+        raise ValueError(f"num_blocks is {num_blocks!r}; the cache needs a whole number of blocks, at least one.")
+    if not _is_whole_number(block_size) or block_size <= 0:
+        raise ValueError(f"block_size is {block_size!r}; a block holds a whole number of tokens, at least one.")
 
 
 class MockKVCacheManager:
