@@ -97,6 +97,7 @@ class EngineLoop:
         self._stopping = False
         self._steps = 0
         self._last_error: str | None = None
+        self.on_step: Callable[[Any], None] | None = None  # called in the engine thread after each step
         self._thread = threading.Thread(target=self._run, name="kvcourse-engine-loop", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
@@ -172,12 +173,22 @@ class EngineLoop:
                     break
                 if self._has_work():
                     self._step()
+                    self._call_on_step()
+                self._publish()  # before delivering: a client that got its last token sees the cache as it is
                 self._deliver()
                 self._publish()
         finally:
             for rid in list(self._tracked):
                 self._abort(rid, "abort", "the server stopped before this request finished.")
             self._publish(alive=False)
+
+    def _call_on_step(self) -> None:
+        """The observer hook (a notebook recording snapshots); its errors are logged, never fatal."""
+        if self.on_step is not None:
+            try:
+                self.on_step(self.engine)
+            except Exception:
+                log.exception("on_step raised; the engine loop goes on")
 
     def _has_work(self) -> bool:
         return bool(self.engine.scheduler.has_unfinished_requests())
@@ -242,16 +253,16 @@ class EngineLoop:
         tracked.aborted = True
         new = list(tracked.request.output_tokens[tracked.sent :]) if reason != "error" else []
         tracked.sent += len(new)
-        self._close(request_id, RequestOutput(new, True, reason, error), time.monotonic())
         self._publish()
+        self._close(request_id, RequestOutput(new, True, reason, error), time.monotonic())
 
     def _close(self, request_id: int, output: RequestOutput, now: float) -> None:
-        """Send the last update, record the request's latencies, forget it."""
+        """Record the request's latencies, send its last update, forget it."""
         tracked = self._tracked.pop(request_id)
-        tracked.stream.put(output)
         self.metrics.finished.labels(output.finish_reason).inc()
         if tracked.first_token_at is not None and tracked.sent > 1 and output.finish_reason in ("length", "stop"):
             self.metrics.tpot.observe((now - tracked.first_token_at) / (tracked.sent - 1))
+        tracked.stream.put(output)  # last: the client sees its answer only once the metrics count it
 
     def _publish(self, alive: bool = True) -> None:
         """Refresh the thread-safe state and the gauges from the engine."""

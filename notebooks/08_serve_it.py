@@ -1,0 +1,388 @@
+# %% [markdown]
+# # 08 · Serve it
+#
+# Seven notebooks built an engine that runs a Python list of prompts to completion. Real users do not
+# arrive as a list: they open connections, one at a time, whenever they like, and some of them hang up
+# halfway. This capstone puts your engine behind the same kind of server vLLM runs (`vllm serve`):
+#
+# - an **OpenAI-compatible API** (`POST /v1/completions`), so the official `openai` client talks to it;
+# - **streaming**: each token leaves as a server-sent event the step it is sampled;
+# - **one engine loop** that steps while any request is unfinished: continuous batching, now with
+#   requests that come and go while it runs;
+# - **`/metrics`** for Prometheus, and `/debug/blocks` so the block-table widget can watch the cache.
+#
+# Nothing to fill in: the server (`kvcourse/serve/`) drives *your* `scheduler.py`, `kv_cache.py`,
+# `attention.py` and `model_runner.py`. If they pass their checks, everything below works; if one does
+# not, this is where you will see it under real load. (The stored outputs ran the reference solutions.)
+
+# %%
+# In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
+import importlib.util
+import os
+import subprocess
+import sys
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+if IN_COLAB and importlib.util.find_spec("kvcourse") is None:
+    if not os.path.isdir("/content/kvcourse"):
+        subprocess.run(
+            ["git", "clone", "--depth=1", "https://github.com/kvcourse-org/kvcourse", "/content/kvcourse"], check=True
+        )
+    sys.path.insert(0, "/content/kvcourse")
+    from kvcourse.course.colab import install
+
+    install("/content/kvcourse")
+if IN_COLAB:
+    os.chdir("/content/kvcourse/notebooks")  # where the notebooks read their data from
+# %load_ext autoreload
+# %autoreload 2
+
+# %%
+import threading
+import time
+
+import httpx
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import openai
+import torch
+from IPython.display import display
+
+from kvcourse.engine import hf_greedy
+from kvcourse.serve import ServerThread, build_app
+from kvcourse.serve.blocks import snapshot_from_json, take_snapshot
+from kvcourse.serve.detokenize import decode
+from kvcourse.serve.loadgen import format_summary, run_load, summarize
+from kvcourse.serve.metrics import parse_metrics
+from kvcourse.viz.widgets import BlockTableWidget, render_html
+
+torch.set_num_threads(1)  # the tiny model's matrices are small: one thread is fastest on a shared CPU
+
+# %% [markdown]
+# ## 1. The shape of a server
+#
+# ```
+#  clients ──HTTP──▶ event loop (FastAPI on uvicorn)          engine thread (owns the LLMEngine)
+#                    ─ parse, validate, tokenize              ─ run commands: add, abort
+#                    ─ post "add request" ───── inbox ──────▶ ─ step(): schedule → execute → update
+#                    ─ read the request's queue ◀── tokens ── ─ hand each request its new tokens
+#                    ─ send `data: {...}` chunks, then `data: [DONE]`
+# ```
+#
+# Two rules keep it correct. **Only the engine thread touches the engine**: handlers post commands to
+# its inbox and it runs them between steps, so the scheduler never sees a half-added request. And
+# **a request's life ends in exactly one place**: finished (its length, or end of text), aborted
+# (its client left) or failed (a step raised); in each case its blocks go back before the next step.
+# vLLM draws the same line with a process boundary: `AsyncLLM` in the API server, `EngineCore` in its
+# own process, talking over sockets.
+#
+# Start one. `build_app` makes an `LLMEngine` from your modules; `ServerThread` runs uvicorn in a
+# background thread on a free port of 127.0.0.1 (the command line, `./course serve`, does the same in
+# the foreground). The cache is kept small on purpose, 12 blocks of 16 tokens, so that sixteen clients
+# must share it.
+
+# %%
+NUM_BLOCKS, BLOCK_SIZE = 12, 16
+app = build_app("tiny", num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, token_budget=64, max_batch_size=6)
+server = ServerThread(app).start()
+engine = server.engine_loop.engine  # in-process, so we may also look at the engine object itself
+client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)
+print("serving", [m.id for m in client.models.list().data], "on 127.0.0.1, port chosen by the OS")
+print("health:", {k: v for k, v in httpx.get(server.url + "/health").json().items() if k != "running_ids"})
+
+# %% [markdown]
+# ## 2. One client, one request
+#
+# The official `openai` package, pointed at our server. Decoding is greedy, so the answer must be
+# exactly what Hugging Face's `generate` gives for this prompt alone; `return_token_ids` (a vLLM extra
+# field) lets us compare token ids, not only text. The tiny model has random weights, so the text is
+# gibberish, but it is *reproducible* gibberish. `ignore_eos` keeps going past end-of-text, as
+# benchmarks do; without it, generation stops at `<|endoftext|>` with `finish_reason="stop"`.
+
+# %%
+prompt = "The KV cache of a serving engine"
+reply = client.completions.create(
+    model="tiny", prompt=prompt, max_tokens=12, extra_body={"ignore_eos": True, "return_token_ids": True}
+)
+choice = reply.choices[0]
+expected = hf_greedy(engine.model, engine.tokenizer.encode(prompt), 12)
+print("text:         ", repr(choice.text))
+print("finish_reason:", choice.finish_reason, "| usage:", reply.usage.prompt_tokens, "+", reply.usage.completion_tokens)
+print("token ids equal HF greedy:", choice.model_extra["token_ids"] == expected)
+print("text equals the decoded HF tokens:", choice.text == decode(engine.tokenizer, expected))
+
+# %% [markdown]
+# Now streamed. Each chunk is one engine step's worth of this request's tokens: the first comes from
+# the prefill step, then one per decode step. Text is sent only once it is whole: GPT-2's byte-level
+# tokens can split a character in two, and the server holds the first half back
+# (`kvcourse/serve/detokenize.py`).
+
+# %%
+stream = client.completions.create(
+    model="tiny", prompt=prompt, max_tokens=8, stream=True, extra_body={"ignore_eos": True, "return_token_ids": True}
+)
+for chunk in stream:
+    c = chunk.choices[0]
+    print(f"chunk: token ids {c.model_extra['token_ids']!s:<9} text {c.text!r:<16} finish_reason {c.finish_reason}")
+
+# %% [markdown]
+# On the wire that is plain server-sent events, one `data:` line per chunk, and `data: [DONE]` at the end:
+
+# %%
+body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "stream": True, "ignore_eos": True}
+with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+    print("content-type:", response.headers["content-type"])
+    for line in response.iter_lines():
+        if line:
+            print(line if line == "data: [DONE]" else line[:60] + " ...")
+
+# %% [markdown]
+# ## 3. Many clients: watch the running set and the block table
+#
+# Sixteen clients arrive at once, each streaming its own completion. The cache holds 12 blocks, the
+# batch 6 requests: some wait, some run, and a request that needs one more block when none is free
+# preempts the most recent one (lesson 02). The engine thread calls `on_step` after every step, and we
+# record a snapshot of the cache there; meanwhile the cell polls `GET /debug/blocks`, as any client
+# could, and redraws the grid live.
+#
+# **Predict first:** with 16 requests of up to 62 tokens each, 6 at a time, and 12 blocks, will every request
+# equal its greedy answer alone? Will all 12 blocks be free at the end? Will any request be preempted?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+prompts = [engine.tokenizer.encode(f"Request {i} asks the server for a story about block {i * 7}.") for i in range(16)]
+lengths = [12 + (7 * i) % 37 for i in range(16)]
+snapshots, running_sizes = [], []
+
+
+def record(engine) -> None:
+    """Called by the engine thread after each step: keep the cache's picture and the running set."""
+    running = list(engine.scheduler.active_pool)
+    snapshots.append(take_snapshot(engine, f"step {len(snapshots) + 1}: running {running}"))
+    running_sizes.append((len(running), len(engine.scheduler.waiting_queue)))
+
+
+server.engine_loop.on_step = record
+live = widgets.HTML()
+display(live)
+results_box = {}
+load = threading.Thread(target=lambda: results_box.update(out=run_load(server.url + "/v1", prompts, lengths, "tiny")))
+load.start()
+deadline = time.monotonic() + 120
+while load.is_alive() and time.monotonic() < deadline:
+    live.value = render_html(snapshot_from_json(httpx.get(server.url + "/debug/blocks").json()))
+    time.sleep(0.05)
+load.join()
+server.engine_loop.on_step = None
+live.value = render_html(snapshot_from_json(httpx.get(server.url + "/debug/blocks").json()))
+results, seconds = results_box["out"]
+print(f"{len(results)} requests finished in {seconds:.2f} s over {len(snapshots)} engine steps")
+print("preemptions so far:", engine.scheduler.num_preemptions)
+
+# %% [markdown]
+# The answers: every completion against Hugging Face greedy for its prompt alone, and the cache
+# afterwards.
+
+# %%
+same = [r.token_ids == hf_greedy(engine.model, prompts[r.index], lengths[r.index]) for r in results]
+state = httpx.get(server.url + "/health").json()
+print(f"{sum(same)} of {len(same)} completions equal HF greedy for their prompt alone")
+print(f"free blocks after: {state['num_free_blocks']} of {state['num_blocks']}; running {state['num_running']}")
+
+# %% [markdown]
+# Replay it step by step (the widget from lesson 03, fed by the server's engine thread). Colours are
+# requests; watch a finished request's blocks turn free and a waiting one take them the next step.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+BlockTableWidget(snapshots, step=min(10, len(snapshots) - 1), interval_ms=300)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, ax = plt.subplots(figsize=(8, 2.8))
+ax.stackplot(
+    range(1, len(running_sizes) + 1),
+    [r for r, _ in running_sizes],
+    [w for _, w in running_sizes],
+    labels=["running", "waiting"],
+)
+ax.set(xlabel="engine step", ylabel="requests", title="Continuous batching: the running set as clients come and go")
+ax.legend(loc="upper right")
+plt.show()
+
+# %% [markdown]
+# ## 4. What `/metrics` says
+#
+# Prometheus scrapes `GET /metrics` as text. The names follow vLLM's (`vllm:num_requests_running`
+# becomes `kvcourse:num_requests_running`), so a dashboard built for one reads the other. The counters
+# below add up: the two single requests, the two-token SSE request and the sixteen clients.
+
+# %%
+values = parse_metrics(httpx.get(server.url + "/metrics").text)
+for name in (
+    "kvcourse:num_requests_running",
+    "kvcourse:num_requests_waiting",
+    "kvcourse:kv_cache_usage_perc",
+    "kvcourse:num_free_blocks",
+    'kvcourse:request_finished_total{finished_reason="length"}',
+    "kvcourse:generation_tokens_total",
+    "kvcourse:time_to_first_token_seconds_count",
+):
+    print(f"{name:<58} {values[name]:g}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"{'kvcourse:num_preemptions_total':<58} {values['kvcourse:num_preemptions_total']:g}")
+ttft_sum = values["kvcourse:time_to_first_token_seconds_sum"]
+print(f"mean TTFT so far: {1000 * ttft_sum / values['kvcourse:time_to_first_token_seconds_count']:.0f} ms")
+
+# %% [markdown]
+# ## 5. A client that hangs up
+#
+# A user closes the tab mid-answer. The server notices the connection close (it watches the ASGI
+# `http.disconnect` message, not only failed sends: a request still waiting in the queue sends
+# nothing), aborts the request, and its blocks go back before the next step. Without that, every
+# abandoned request would keep its blocks until it had generated all its tokens for nobody.
+
+# %%
+body = {"model": "tiny", "prompt": prompt, "max_tokens": 150, "stream": True, "ignore_eos": True}
+engine_step = engine.step
+
+
+def slow_step(*args, **kwargs):
+    """20 ms more per step, so that the request is surely still mid-answer when the client leaves."""
+    time.sleep(0.02)
+    return engine_step(*args, **kwargs)
+
+
+engine.step = slow_step
+with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+    lines = response.iter_lines()
+    for _ in range(4):
+        next(lines)  # two chunks (each is followed by an empty line)
+    held = NUM_BLOCKS - httpx.get(server.url + "/health").json()["num_free_blocks"]
+    print("mid-stream, the request holds blocks:", held > 0)
+deadline = time.monotonic() + 30
+while httpx.get(server.url + "/health").json()["num_free_blocks"] < NUM_BLOCKS and time.monotonic() < deadline:
+    time.sleep(0.02)
+del engine.step  # the engine's own step again
+values = parse_metrics(httpx.get(server.url + "/metrics").text)
+print(
+    "after the client left: free blocks", httpx.get(server.url + "/health").json()["num_free_blocks"], "of", NUM_BLOCKS
+)
+print("aborted requests:", values['kvcourse:request_finished_total{finished_reason="abort"}'])
+
+# %% [markdown]
+# ## 6. Bad input gets words, not a stack trace
+#
+# Every request the engine could never serve is refused before it reaches the engine, with a 400 and
+# OpenAI's error body, saying what to change. The server keeps serving.
+
+# %%
+for bad in (
+    {"prompt": prompt, "temperature": 0.8},
+    {"prompt": prompt, "max_tokens": 0},
+    {"prompt": "", "max_tokens": 4},
+    {"prompt": [11] * 250, "max_tokens": 16},
+    {"prompt": [11] * 200, "max_tokens": 8},
+    {"prompt": prompt, "model": "gpt-4"},
+):
+    error = httpx.post(server.url + "/v1/completions", json=bad).json()["error"]
+    print(f"400 {error['param']}: {error['message'][:150]}")
+try:
+    client.completions.create(model="tiny", prompt=prompt, n=2)
+except openai.BadRequestError as exc:
+    print("openai raises BadRequestError:", exc.body["message"][:80])
+
+# %% [markdown]
+# ## 7. Measuring TTFT and TPOT against the server
+#
+# The load generator (`kvcourse/serve/loadgen.py`) is a small `vllm bench serve`: N clients at once,
+# each timing its own stream. **TTFT** is send → first token (queueing plus prefill), **TPOT** is the
+# time per output token after that. It speaks only the OpenAI API, so it measures any server.
+#
+# Sweep how many clients arrive at once. With more clients, throughput rises while the batch fills;
+# then requests queue, and TTFT grows while TPOT barely moves — the latency-throughput knee of lesson 07,
+# measured over HTTP this time.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sweep = {}
+for clients in (1, 4, 16, 64):
+    work = [[(17 * i + j) % 50000 + 1 for j in range(8 + i % 24)] for i in range(clients)]
+    res, secs = run_load(server.url + "/v1", work, 16, "tiny")
+    sweep[clients] = summarize(res, secs)
+    print(f"{clients:>3} clients: {format_summary(sweep[clients])}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+xs = list(sweep)
+ax1.plot(xs, [sweep[c]["tokens_per_s"] for c in xs], "o-")
+ax1.set(xscale="log", xlabel="concurrent clients", ylabel="output tokens / s", title="Throughput")
+ax2.plot(xs, [sweep[c]["ttft_p50_ms"] for c in xs], "o-", label="TTFT p50")
+ax2.plot(xs, [sweep[c]["ttft_p99_ms"] for c in xs], "o--", label="TTFT p99")
+ax2.plot(xs, [sweep[c]["tpot_p50_ms"] for c in xs], "s-", label="TPOT p50")
+ax2.set(xscale="log", yscale="log", xlabel="concurrent clients", ylabel="ms", title="Latency")
+ax2.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Stop the server: uvicorn closes its socket, the engine loop finishes its step and ends.
+
+# %%
+server.stop()
+try:
+    httpx.get(server.url + "/health", timeout=2)
+    print("still answering?!")
+except httpx.ConnectError:
+    print("server stopped; engine loop alive:", server.engine_loop.alive)
+
+# %% [markdown]
+# ## 8. The way out: the same client against vLLM
+#
+# Everything above used only the OpenAI API, so it runs unchanged against vLLM. On a machine with a GPU:
+#
+# ```bash
+# pip install vllm
+# vllm serve gpt2            # OpenAI-compatible server on port 8000
+# ```
+#
+# then, from here, point the same code at it: `client = openai.OpenAI(base_url="http://HOST:8000/v1",
+# api_key="none")` and `model="gpt2"`; `run_load("http://HOST:8000/v1", prompts, 16, "gpt2")` measures
+# it. (vLLM accepts `ignore_eos` and `return_token_ids` too.) Set `VLLM_URL` before starting Jupyter and
+# the cell below does it.
+
+# %%
+VLLM_URL = os.environ.get("VLLM_URL")  # e.g. http://gpu-box:8000/v1
+if VLLM_URL:
+    res, secs = run_load(VLLM_URL, prompts, lengths, "gpt2")
+    print("vLLM:", format_summary(summarize(res, secs)))
+else:
+    print("VLLM_URL is not set: no vLLM server to measure here (set it to http://HOST:8000/v1 and rerun).")
+
+# %% [markdown]
+# Which piece of yours each vLLM component replaces:
+#
+# | vLLM (v1) | kvcourse |
+# |---|---|
+# | `vllm serve`: `entrypoints/openai/api_server.py`, `serving_completion.py` | `kvcourse/serve/app.py`, `protocol.py` |
+# | `AsyncLLM` (`v1/engine/async_llm.py`): output queues per request, abort on disconnect | `kvcourse/serve/loop.py` |
+# | `EngineCore` busy loop (`v1/engine/core.py`): schedule, execute, update | `EngineLoop` around `LLMEngine.step` |
+# | `Scheduler` (`v1/core/sched/scheduler.py`) | `kvcourse/scheduler.py`: **yours** (lesson 02) |
+# | `KVCacheManager`, `BlockPool`, `FreeKVCacheBlockQueue` (`v1/core/`) | `kvcourse/kv_cache.py`: **yours** (03, 04) |
+# | `GPUModelRunner` (`v1/worker/gpu_model_runner.py`) | `kvcourse/model_runner.py`: **yours** (05) |
+# | attention backends (FlashAttention, Triton) | `kvcourse/attention.py`: **yours** (05) |
+# | `IncrementalDetokenizer` (`v1/engine/detokenizer.py`) | `kvcourse/serve/detokenize.py` |
+# | Prometheus logger (`v1/metrics/loggers.py`) | `kvcourse/serve/metrics.py` |
+# | `vllm bench serve` | `kvcourse/serve/loadgen.py` |
+#
+# What vLLM adds on top is mostly speed and breadth: CUDA graphs, fused kernels, sampling, many model
+# families, tensor and pipeline parallelism, and the engine core in its own process so Python's
+# HTTP work never waits behind a forward pass. The memory side, the part you built, is the same idea.
