@@ -315,3 +315,18 @@ def test_runner_reproduces_hugging_face_greedy():
     assert tokens == expected, (
         "GPT-2 through your runner and the paged cache chose different tokens than Hugging Face's generate"
     )
+
+
+@pytest.mark.ex5_5
+def test_a_long_chunk_crosses_its_blocks_in_table_order():
+    table = [9, 3, 14, 0, 7, 11, 2]  # shuffled physical blocks
+    batch = [Seq(1, list(range(100, 150)), False, 3), Seq(2, [5], True, 20), Seq(4, [6], True, 1)]
+    inputs = prepare_inputs(batch, {1: table, 2: [4, 8, 1, 5, 6, 10], 4: [12]}, block_size=8)
+    expected_positions = list(range(3, 53)) + [20, 1]
+    assert inputs.positions.tolist() == expected_positions, "positions should run on from each chunk's start"
+    tables = [table] * 50 + [[4, 8, 1, 5, 6, 10], [12]]
+    expected_slots = [row[p // 8] * 8 + p % 8 for row, p in zip(tables, expected_positions)]
+    assert inputs.slot_mapping.tolist() == expected_slots, (
+        "a 50-token chunk starting mid-block should take its slots from the table, block after block"
+    )
+    assert inputs.seq_lens.tolist() == [53, 21, 2] and inputs.logits_indices.tolist() == [49, 50, 51]
