@@ -160,8 +160,8 @@ class ModelRunner:
         self.kv_cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.device = next(model.parameters()).device
         self.timings = RunnerTimings()
-        self._sync = synchronize_timings and self.device.type == "cuda"  # GPU: time the kernels, not their launch
-        self._attention_timer = AttentionTimer(synchronize=self._sync)
+        self._attention_timer = AttentionTimer()
+        self.synchronize_timings = synchronize_timings
 
     @contextlib.contextmanager
     def paged_attention(self) -> Iterator[None]:
@@ -207,9 +207,18 @@ class ModelRunner:
         self._record(t0, t1, t2, t3, self._attention_timer.seconds - attention_before)
         return {inputs.request_ids[i]: token for i, token in zip(sampling, tokens)}
 
+    @property
+    def synchronize_timings(self) -> bool:
+        """On a GPU, wait for the kernels at each timing point, so the timings are theirs and not their launches'."""
+        return self._attention_timer.synchronize
+
+    @synchronize_timings.setter
+    def synchronize_timings(self, on: bool) -> None:
+        self._attention_timer.synchronize = bool(on) and self.device.type == "cuda"
+
     def _now(self) -> float:
         """A timestamp (after the queued GPU work when timings are synchronized)."""
-        if self._sync:
+        if self.synchronize_timings:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 

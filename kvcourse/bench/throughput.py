@@ -8,13 +8,17 @@ Each system gets the same model, device, batch size and token capacity:
   left-padded to the longest prompt; a batch runs until its longest request is done;
 - `hf_continuous`: transformers' own continuous batching (the `generate_batch` manager, fed one
   `add_request` per request so each keeps its own length), same page size and number of pages;
-- `kvcourse`: our `LLMEngine` (StallFreeScheduler + paged KVCacheManager + reference attention);
-- `kvcourse_triton`: the same with the Triton kernel (CUDA only).
+- `kvcourse`: our `LLMEngine` (StallFreeScheduler + paged KVCacheManager + the fast attention
+  backend, `kvcourse.backends.fast`: its default);
+- `kvcourse_ref_attention`: the same engine with the learner's reference attention (exercises 5.2-5.3);
+- `kvcourse_triton`: the same with the Triton decode kernel (CUDA only).
 
 Tokens per second counts only the tokens each request asked for, over wall time. Each system is
 warmed up on a small slice of the workload, then timed on the whole of it, round after round
 interleaved, keeping each system's best round. The block-size sweep reruns `kvcourse` at other
-block sizes with the same token capacity.
+block sizes with the same token capacity. For each kvcourse system the JSON also says where its best
+round's time went (`step_breakdown`): schedule, prepare inputs, model forward (attention apart),
+attention, sample, update, and whatever else the step loop cost, as seconds and as fractions.
 
     python -m kvcourse.bench throughput --quick --json [--reference]   # yours, or the reference solutions/
 """
@@ -142,8 +146,41 @@ def hf_continuous(model, work: Workload, s: Settings) -> list[list[int]]:
     return [list(results[i].generated_tokens) for i in ids]
 
 
-def kvcourse_engine(attention: str, block_size: int | None = None) -> Callable:
-    """Our LLMEngine on the workload; a fresh engine per run, so every run starts from an empty cache."""
+STEP_PARTS = ("schedule", "prepare", "forward", "attention", "sample", "update", "other")
+
+
+def step_breakdown(engine, total_seconds: float) -> dict:
+    """Where one run's wall time went, by part of a step; `forward` excludes attention, the fractions sum to 1.
+
+    The engine times schedule / execute / update (`engine.stats.step_seconds`); its runner times the
+    parts of execute (`engine.runner.timings`); `other` is the rest (block copies, the step loop).
+    """
+    phases = getattr(engine.stats, "step_seconds", None) or {}
+    runner = engine.runner.timings
+    seconds = {
+        "schedule": phases.get("schedule", 0.0),
+        "prepare": runner.prepare,
+        "forward": runner.forward - runner.attention,
+        "attention": runner.attention,
+        "sample": runner.sample,
+        "update": phases.get("update", 0.0),
+    }
+    seconds["other"] = max(0.0, total_seconds - sum(seconds.values()))
+    total = sum(seconds.values())
+    return {
+        "seconds": seconds,
+        "fractions": {part: value / total for part, value in seconds.items()},
+        "steps": runner.steps,
+        "synchronized": engine.runner.synchronize_timings,
+    }
+
+
+def kvcourse_engine(attention: str = "fast", block_size: int | None = None, synchronize: bool = False) -> Callable:
+    """Our LLMEngine on the workload; a fresh engine per run, so every run starts from an empty cache.
+
+    After each run, `run_engine.breakdown` holds that run's step_breakdown (synchronize: on a GPU,
+    wait for the kernels at each timing point, which costs speed: for a dedicated breakdown run).
+    """
 
     def run_engine(model, work: Workload, s: Settings) -> list[list[int]]:
         from kvcourse.engine import LLMEngine
@@ -157,10 +194,13 @@ def kvcourse_engine(attention: str, block_size: int | None = None) -> Callable:
             max_batch_size=s.max_batch_size,
             attention=attention,
         )
+        engine.runner.synchronize_timings = synchronize
         # generate() takes one max_new_tokens for all: queue each request with its own, then step.
         requests = [engine.add_request(list(p), n) for p, n in zip(work.prompts, work.output_lens)]
+        start = time.perf_counter()
         while engine.scheduler.has_unfinished_requests():
             engine.step()
+        run_engine.breakdown = step_breakdown(engine, time.perf_counter() - start)
         return [list(r.output_tokens) for r in requests]
 
     return run_engine
@@ -168,7 +208,12 @@ def kvcourse_engine(attention: str, block_size: int | None = None) -> Callable:
 
 def systems(cuda: bool) -> dict[str, Callable]:
     """Every system to time, by the name used in the JSON."""
-    table = {"hf_static": hf_static, "hf_continuous": hf_continuous, "kvcourse": kvcourse_engine("reference")}
+    table = {
+        "hf_static": hf_static,
+        "hf_continuous": hf_continuous,
+        "kvcourse": kvcourse_engine("fast"),
+        "kvcourse_ref_attention": kvcourse_engine("reference"),
+    }
     if cuda:
         table["kvcourse_triton"] = kvcourse_engine("triton")
     return table
@@ -187,16 +232,30 @@ def timed(fn: Callable, model, work: Workload, s: Settings, cuda: bool) -> tuple
     return time.perf_counter() - start, out
 
 
-def measure(fns: dict[str, Callable], model, work: Workload, s: Settings, cuda: bool) -> tuple[dict, dict]:
-    """Warm every system up, then time them round-robin; best round per system, and the outputs."""
+def measure(fns: dict[str, Callable], model, work: Workload, s: Settings, cuda: bool) -> tuple[dict, dict, dict]:
+    """Warm every system up, then time them round-robin; best round per system, the outputs, the best round's breakdown."""
     for fn in progress(fns.values(), "warm-up"):
         fn(model, work.head(2), s)
-    best, outputs = {}, {}
+    best, outputs, breakdowns = {}, {}, {}
     for _ in progress(range(s.rounds), "rounds"):
         for name, fn in fns.items():
             seconds, outputs[name] = timed(fn, model, work, s, cuda)
-            best[name] = min(best.get(name, math.inf), seconds)
-    return best, outputs
+            if seconds < best.get(name, math.inf):
+                best[name] = seconds
+                if hasattr(fn, "breakdown"):
+                    breakdowns[name] = fn.breakdown
+    return best, outputs, breakdowns
+
+
+def synchronized_breakdowns(model, work: Workload, s: Settings, names: list[str]) -> dict:
+    """On a GPU, one more run per kvcourse system with the timings synchronized (the timed rounds are not)."""
+    attention = {"kvcourse": "fast", "kvcourse_ref_attention": "reference", "kvcourse_triton": "triton"}
+    result = {}
+    for name in names:
+        fn = kvcourse_engine(attention[name], synchronize=True)
+        fn(model, work, s)
+        result[name] = fn.breakdown
+    return result
 
 
 def agreement(outputs: dict[str, list[list[int]]], reference: str = "hf_continuous") -> dict[str, float]:
@@ -247,18 +306,29 @@ def run(
         work = make_workload(s, seed, model.config.vocab_size)
         fns = systems(cuda)
         if sweep:
-            fns.update({f"kvcourse_block_{b}": kvcourse_engine("reference", b) for b in s.sweep if b != s.block_size})
-        seconds, outputs = measure(fns, model, work, s, cuda)
+            fns.update({f"kvcourse_block_{b}": kvcourse_engine("fast", b) for b in s.sweep if b != s.block_size})
+        seconds, outputs, breakdowns = measure(fns, model, work, s, cuda)
+        if cuda:  # the timed rounds do not wait for the GPU at each timing point: one synchronized run each
+            breakdowns = synchronized_breakdowns(model, work, s, [n for n in systems(cuda) if n in breakdowns])
         device = device_name()
-    return summarize(s, work, seconds, outputs, cuda, sweep, seed) | {
+    return summarize(s, work, seconds, outputs, cuda, sweep, seed, breakdowns) | {
         "device": device,
         "pretrained": bool(getattr(model, "is_pretrained", False)),
         "code": whose_code("scheduler", "kv_cache", "attention", "model_runner"),
     }
 
 
-def summarize(s: Settings, work: Workload, seconds: dict, outputs: dict, cuda: bool, sweep: bool, seed: int) -> dict:
-    """The JSON object: tokens per second, ratios to hf_static, the block-size sweep, sanity counts."""
+def summarize(
+    s: Settings,
+    work: Workload,
+    seconds: dict,
+    outputs: dict,
+    cuda: bool,
+    sweep: bool,
+    seed: int,
+    breakdowns: dict | None = None,
+) -> dict:
+    """The JSON object: tokens per second, ratios to hf_static, the block-size sweep, step breakdowns, sanity counts."""
     tps = {name: work.useful_tokens / sec for name, sec in seconds.items()}
     main_names = list(systems(cuda))
     sizes = sorted({*s.sweep, s.block_size}) if sweep else []
@@ -280,6 +350,7 @@ def summarize(s: Settings, work: Workload, seconds: dict, outputs: dict, cuda: b
         "tokens_per_s": {n: tps[n] for n in main_names},
         "ratio_to_hf_static": {n: tps[n] / tps["hf_static"] for n in main_names},
         "block_size_sweep": {"tokens_per_s": sweep_tps},
+        "step_breakdown": {n: b for n, b in (breakdowns or {}).items() if n in main_names},
         "tokens_generated": {n: sum(map(len, out)) for n, out in outputs.items()},
         "agreement_with_hf_continuous": agreement(outputs),
     }
@@ -287,7 +358,7 @@ def summarize(s: Settings, work: Workload, seconds: dict, outputs: dict, cuda: b
 
 def ordered(names) -> list[str]:
     """Systems in the story's order (JSON files come back with their keys sorted)."""
-    order = ["hf_static", "hf_continuous", "kvcourse", "kvcourse_triton"]
+    order = ["hf_static", "hf_continuous", "kvcourse", "kvcourse_ref_attention", "kvcourse_triton"]
     return [n for n in order if n in names] + sorted(n for n in names if n not in order)
 
 
@@ -299,15 +370,51 @@ def print_table(result: dict) -> None:
         f"({'pretrained' if result['pretrained'] else 'seeded random weights'}), {w['requests']} requests, "
         f"{w['prompt_tokens']} prompt + {w['useful_output_tokens']} output tokens, batch {st['max_batch_size']}"
     )
-    print(f"{'system':<16} {'tokens/s':>9} {'x hf_static':>11}")
+    print(f"{'system':<22} {'tokens/s':>9} {'x hf_static':>11}")
     for name in ordered(result["tokens_per_s"]):
-        print(f"{name:<16} {result['tokens_per_s'][name]:>9.1f} {result['ratio_to_hf_static'][name]:>11.2f}")
+        print(f"{name:<22} {result['tokens_per_s'][name]:>9.1f} {result['ratio_to_hf_static'][name]:>11.2f}")
     sweep = result["block_size_sweep"]["tokens_per_s"]
     if sweep:
         sweep = ", ".join(f"{b}: {sweep[str(b)]:.1f}" for b in sorted(map(int, sweep)))
         print(f"kvcourse tokens/s by block size: {sweep}")
     if "kvcourse_triton" not in result["tokens_per_s"]:
         print("kvcourse_triton: skipped, the Triton kernel needs CUDA.")
+    print_breakdown(result)
+
+
+def print_breakdown(result: dict) -> None:
+    """Each kvcourse system's share of wall time per part of a step (forward excludes attention)."""
+    breakdowns = result.get("step_breakdown") or {}
+    if not breakdowns:
+        return
+    print("where each step's time goes (share of the best round's wall time):")
+    print(f"{'system':<22} " + " ".join(f"{part:>9}" for part in STEP_PARTS) + f" {'steps':>6}")
+    for name in ordered(breakdowns):
+        shares = breakdowns[name]["fractions"]
+        print(
+            f"{name:<22} "
+            + " ".join(f"{shares[part]:>9.1%}" for part in STEP_PARTS)
+            + f" {breakdowns[name]['steps']:>6}"
+        )
+
+
+def plot_breakdown(result: dict, ax=None):
+    """One horizontal bar per kvcourse system, split by part of a step (shares of its wall time)."""
+    import matplotlib.pyplot as plt
+
+    breakdowns = result.get("step_breakdown") or {}
+    names = ordered(breakdowns)
+    ax = ax or plt.subplots(figsize=(7, 0.6 + 0.5 * len(names)))[1]
+    colors = ["#8fb8de", "#b0b0b0", "#4c956c", "#e07a5f", "#f2cc8f", "#3d405b", "#dddddd"]
+    left = [0.0] * len(names)
+    for part, color in zip(STEP_PARTS, colors):
+        shares = [breakdowns[n]["fractions"][part] for n in names]
+        ax.barh(names, shares, left=left, color=color, label=part)
+        left = [a + b for a, b in zip(left, shares)]
+    ax.set(xlim=(0, 1), xlabel="share of wall time", title=f"where each step's time goes ({result['model']})")
+    ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(names) < 3 else -0.2))
+    ax.invert_yaxis()
+    return ax
 
 
 def plot(result: dict, ax=None):
