@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ALIASES:
         argv = [ALIASES[argv[0]], *argv[1:]]
     if not argv or argv[0] not in STUDIES:
-        print("usage: python -m kvcourse.bench {" + ",".join(STUDIES) + "} [--quick] [--json]\n")
+        print("usage: python -m kvcourse.bench {" + ",".join(STUDIES) + "} [--quick] [--json] [--reference]\n")
         for name, what in STUDIES.items():
             print(f"  {name:<11} {what}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
