@@ -156,11 +156,20 @@ class StallFreeScheduler:
 
     def _budget_left(self, batch: list[ScheduledSequence]) -> int:
         """Tokens this step may still feed."""
-        return self.token_budget - sum(len(seq.tokens) for seq in batch)
+        # Exercise 2.4, the budget: the token budget minus the tokens of every sequence already in `batch`.
+        # TODO: Exercise 2.4: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 2.4 (Plan one step): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._budget_left."
+        )
 
     def _has_room(self, batch: list[ScheduledSequence], num_tokens: int = 1) -> bool:
         """Whether one more sequence of at least num_tokens tokens fits the budget and the batch size."""
-        return self._budget_left(batch) >= num_tokens and len(batch) < self.max_batch_size
+        # Exercise 2.4, the room: True when num_tokens more tokens fit the budget left AND one more
+        #   sequence fits self.max_batch_size.
+        # TODO: Exercise 2.4: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 2.4 (Plan one step): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._has_room."
+        )
 
     def _schedule_decodes(self, batch: list[ScheduledSequence]) -> None:
         """Every running request past its prefill feeds its newest token, oldest admission first."""
@@ -178,14 +187,14 @@ class StallFreeScheduler:
         # Exercise 2.1: allocate a slot for each decode.
         #   `request` is running and past its prefill: its newest token is the only one not cached.
         #   Returns the decode of that one token (a ScheduledSequence with is_decode=True, built and
-        #   counted as computed by self._advance), or None when no memory could be made for it.
+        #   counted as computed by self._advance, below), or None when no memory could be made for it.
         #   Must hold: no token is scheduled before its KV memory is secured. Memory for a running
         #   request comes from self._allocate_or_preempt(request, n), the one place that decides who
         #   steps back when memory is short (it returns False when this request had to step back
         #   itself); a decode that gets no room changes nothing about the request.
         # TODO: Exercise 2.1: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 2.1 (Allocate a slot for each decode): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._schedule_decode."
+            "Exercise 2.1 (Describe a chunk; allocate each decode): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._schedule_decode."
         )
 
     def _schedule_prefill_in_progress(self, batch: list[ScheduledSequence]) -> None:
@@ -248,19 +257,25 @@ class StallFreeScheduler:
     @staticmethod
     def _is_prefilling(request: Request) -> bool:
         """Running, with tokens still to feed before it can sample (a new or a recomputing request)."""
-        return not request.is_prefill_done() and request.num_uncomputed_tokens > 0
+        # Exercise 2.4, prefilling: True when the request's prefill is not done and some of its tokens
+        #   are not computed yet (a chunked prompt, or a recompute after preemption).
+        # TODO: Exercise 2.4: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 2.4 (Plan one step): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._is_prefilling."
+        )
 
     @staticmethod
     def _advance(request: Request, num_new_tokens: int, is_decode: bool) -> ScheduledSequence:
         """Describe the next num_new_tokens of the request and count them as computed (memory is secured)."""
-        start = request.num_computed_tokens
-        request.num_computed_tokens = start + num_new_tokens
-        return ScheduledSequence(
-            request_id=request.id,
-            tokens=request.all_token_ids[start : request.num_computed_tokens],
-            is_decode=is_decode,
-            position_ids_start=start,
-            samples_token=request.num_computed_tokens == request.num_tokens,
+        # Exercise 2.1 (the description): called once the memory for the request's next num_new_tokens
+        #   tokens is secured. Returns the ScheduledSequence of those tokens: the request's tokens
+        #   (prompt, then outputs: request.all_token_ids) that follow the ones already cached, the
+        #   position of the first of them, is_decode as given, and samples_token True exactly when the
+        #   chunk reaches the end of the request's tokens (the last prefill chunk, and every decode).
+        #   Afterwards those tokens count as computed: the next chunk starts after them.
+        # TODO: Exercise 2.1: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 2.1 (Describe a chunk; allocate each decode): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._advance."
         )
 
     # ----------------------------------------------------------------------------- memory pressure
@@ -304,7 +319,7 @@ class StallFreeScheduler:
         #   nothing. Each request that is now complete (request.is_complete()) is finished with
         #   self._finish (Exercise 2.3). Returns the requests this update finished, in batch order.
         #   Bad input is a ValueError that says what was wrong: a sequence that should have sampled but
-        #   has no token, or a request that is not running (self._running raises that one for you).
+        #   has no token, or a request that is not running (self._running, below, raises that one).
         # TODO: Exercise 2.5: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 2.5 (Take the step's results in): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler.update_from_output."
@@ -312,13 +327,13 @@ class StallFreeScheduler:
 
     def _running(self, request_id: int) -> Request:
         """The running request a batch entry refers to (a clear error for a stale batch)."""
-        try:
-            return self.active_pool[request_id]
-        except KeyError:
-            raise ValueError(
-                f"Request {request_id} is in the batch but not running; pass the batch returned by the "
-                "latest schedule_next_batch(), once."
-            ) from None
+        # Exercise 2.5, the lookup: returns the running request with this id; for an id that is not
+        #   running (a stale batch, or a batch passed twice), a ValueError that names the request and
+        #   says to pass the batch of the latest schedule_next_batch(), once.
+        # TODO: Exercise 2.5: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 2.5 (Take the step's results in): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._running."
+        )
 
     def _finish(self, request: Request) -> None:
         """A complete request leaves the running set and gives its blocks back at once, for others."""

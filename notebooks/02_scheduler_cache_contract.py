@@ -20,7 +20,7 @@
 #
 # | exercise | what you write | minutes |
 # |---|---|---|
-# | 2.1 | allocate a slot for each decode | 10 |
+# | 2.1 | describe a chunk; allocate a slot for each decode | 15 |
 # | 2.2 | allocate prefill chunks, for running and for newly admitted requests | 15 |
 # | 2.3 | free a request's blocks when it completes | 5 |
 # | 2.4 | plan one step: decodes, the prefill in progress, then admissions | 20 |
@@ -355,13 +355,12 @@ for decode in range(1, 21):
 # * **The chunk that reaches `num_tokens` samples a token** (`ScheduledSequence.samples_token`): the
 #   last prefill chunk samples the first output token, and every decode samples the next one.
 #
-# Written for you: `_advance(request, n, is_decode)` builds the `ScheduledSequence` for the next `n`
-# tokens and advances `num_computed_tokens`; `_budget_left(batch)` and `_has_room(batch, n)` do the
-# budget arithmetic; `_is_prefilling(request)` says whether a running request still has prompt to feed;
-# `_running(request_id)` finds a running request or raises a clear error. Each exercise's comment in
-# `kvcourse/scheduler.py` states its **contract**: what must be true when your code returns. Design the
-# code yourself; `hint("2.1")` nudges, `hint("2.1", level=2)` gives the approach in words, and
-# `solution("2.1")` shows the reference.
+# Each exercise's comment in `kvcourse/scheduler.py` states its **contract**: what must be true when
+# your code returns, and which helpers exist. Design the code yourself; `hint("2.1")` nudges,
+# `hint("2.1", level=2)` gives the approach in words, and `solution("2.1")` shows the reference. The
+# small helpers are exercises too: `_advance(request, n, is_decode)`, which describes the next `n` tokens
+# as a `ScheduledSequence` and counts them as computed, is part of 2.1; the budget arithmetic
+# (`_budget_left`, `_has_room`) and `_is_prefilling` are part of 2.4; `_running(request_id)` of 2.5.
 #
 # The first three exercises are the source lesson's own three TODOs, each in a method of its own. Until
 # `schedule_next_batch` exists (Exercise 2.4), the demos call those methods directly, and put requests
@@ -411,9 +410,12 @@ except ValueError as error:
 # **The fix** is in the contract: the chunk that completes the prompt samples the first output token,
 # a decode feeds the newest sampled token, and every position starts at `num_computed_tokens`.
 #
-# ### Exercise 2.1: allocate a slot for each decode
+# ### Exercise 2.1: describe a chunk; allocate each decode
 #
-# In `kvcourse/scheduler.py`, write `StallFreeScheduler._schedule_decode(request)`. The request is
+# First `StallFreeScheduler._advance(request, n, is_decode)`, in `kvcourse/scheduler.py`: called once the
+# memory for the request's next `n` tokens is secured, it returns their `ScheduledSequence` (which
+# tokens, from which position, whether the chunk samples) and counts them as computed. Then
+# `_schedule_decode(request)`. The request is
 # running and past its prefill: only its newest token is not cached. The method returns the decode of
 # that token, or `None` when no memory could be made for it, and it never schedules a token whose KV
 # memory is not secured. Memory for a running request comes from `self._allocate_or_preempt(request, n)`,
@@ -538,9 +540,11 @@ check("2.5")
 #
 # The source lesson, and this course until recently, admitted **past** a request that did not fit: try
 # the next one in the queue, and the next. It looks efficient: memory that the head cannot use goes to
-# someone who can. Here is that policy, on a cache of 16 blocks of 4 tokens: three small requests, then
-# one of 40 prompt tokens (it needs 10 free blocks at once), then a new small request after every step,
-# for 150 steps.
+# someone who can. Here is that policy, on a cache of 16 blocks of 4 tokens: four small requests (6
+# prompt tokens and 2 new ones: 2 blocks each, for two steps), then one with a 40-token prompt that wants
+# a single token (10 free blocks at once), then four new small requests after every step, for 150 steps.
+# Nobody ever needs a block beyond those of its first chunk, so nobody is preempted: only admission
+# decides who runs.
 
 
 # %%
@@ -559,14 +563,16 @@ class SkipAheadScheduler(StallFreeScheduler):
 def steady_stream(scheduler_class, arrival_steps=150):
     """Run the stream; return the step in which the 40-token request finished, and the trace."""
     scheduler = scheduler_class(64, 8, MockKVCacheManager(num_blocks=16, block_size=4))
-    enqueue(scheduler, *toy.toy_requests([6, 6, 6], max_new_tokens=6, seed=1, first_id=10))
-    large = toy.toy_requests([40], max_new_tokens=8, seed=2)[0]
+    enqueue(scheduler, *toy.toy_requests([6] * 4, max_new_tokens=2, seed=1, first_id=10))
+    large = toy.toy_requests([40], max_new_tokens=1, seed=2)[0]
     enqueue(scheduler, large)
-    new_ids = iter(range(100, 100 + arrival_steps))
+    new_ids = iter(range(100, 100 + 4 * arrival_steps, 4))
 
     def arrive(iteration, batch, scheduler):
         if iteration < arrival_steps:
-            enqueue(scheduler, toy.toy_requests([6], max_new_tokens=6, seed=iteration, first_id=next(new_ids))[0])
+            enqueue(
+                scheduler, *toy.toy_requests([6] * 4, max_new_tokens=2, seed=1000 + iteration, first_id=next(new_ids))
+            )
 
     trace = toy.run(scheduler, on_step=arrive)
     done = next(step.iteration for step in trace.steps if large.id in step.finished)

@@ -169,11 +169,18 @@ class StallFreeScheduler:
 
     def _budget_left(self, batch: list[ScheduledSequence]) -> int:
         """Tokens this step may still feed."""
+        # Exercise 2.4, the budget: the token budget minus the tokens of every sequence already in `batch`.
+        # BEGIN SOLUTION 2.4
         return self.token_budget - sum(len(seq.tokens) for seq in batch)
+        # END SOLUTION
 
     def _has_room(self, batch: list[ScheduledSequence], num_tokens: int = 1) -> bool:
         """Whether one more sequence of at least num_tokens tokens fits the budget and the batch size."""
+        # Exercise 2.4, the room: True when num_tokens more tokens fit the budget left AND one more
+        #   sequence fits self.max_batch_size.
+        # BEGIN SOLUTION 2.4
         return self._budget_left(batch) >= num_tokens and len(batch) < self.max_batch_size
+        # END SOLUTION
 
     def _schedule_decodes(self, batch: list[ScheduledSequence]) -> None:
         """Every running request past its prefill feeds its newest token, oldest admission first."""
@@ -197,7 +204,7 @@ class StallFreeScheduler:
         # Exercise 2.1: allocate a slot for each decode.
         #   `request` is running and past its prefill: its newest token is the only one not cached.
         #   Returns the decode of that one token (a ScheduledSequence with is_decode=True, built and
-        #   counted as computed by self._advance), or None when no memory could be made for it.
+        #   counted as computed by self._advance, below), or None when no memory could be made for it.
         #   Must hold: no token is scheduled before its KV memory is secured. Memory for a running
         #   request comes from self._allocate_or_preempt(request, n), the one place that decides who
         #   steps back when memory is short (it returns False when this request had to step back
@@ -284,11 +291,22 @@ class StallFreeScheduler:
     @staticmethod
     def _is_prefilling(request: Request) -> bool:
         """Running, with tokens still to feed before it can sample (a new or a recomputing request)."""
+        # Exercise 2.4, prefilling: True when the request's prefill is not done and some of its tokens
+        #   are not computed yet (a chunked prompt, or a recompute after preemption).
+        # BEGIN SOLUTION 2.4
         return not request.is_prefill_done() and request.num_uncomputed_tokens > 0
+        # END SOLUTION
 
     @staticmethod
     def _advance(request: Request, num_new_tokens: int, is_decode: bool) -> ScheduledSequence:
         """Describe the next num_new_tokens of the request and count them as computed (memory is secured)."""
+        # Exercise 2.1 (the description): called once the memory for the request's next num_new_tokens
+        #   tokens is secured. Returns the ScheduledSequence of those tokens: the request's tokens
+        #   (prompt, then outputs: request.all_token_ids) that follow the ones already cached, the
+        #   position of the first of them, is_decode as given, and samples_token True exactly when the
+        #   chunk reaches the end of the request's tokens (the last prefill chunk, and every decode).
+        #   Afterwards those tokens count as computed: the next chunk starts after them.
+        # BEGIN SOLUTION 2.1
         start = request.num_computed_tokens
         request.num_computed_tokens = start + num_new_tokens
         return ScheduledSequence(
@@ -298,6 +316,7 @@ class StallFreeScheduler:
             position_ids_start=start,
             samples_token=request.num_computed_tokens == request.num_tokens,
         )
+        # END SOLUTION
 
     # ----------------------------------------------------------------------------- memory pressure
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int) -> bool:
@@ -351,7 +370,7 @@ class StallFreeScheduler:
         #   nothing. Each request that is now complete (request.is_complete()) is finished with
         #   self._finish (Exercise 2.3). Returns the requests this update finished, in batch order.
         #   Bad input is a ValueError that says what was wrong: a sequence that should have sampled but
-        #   has no token, or a request that is not running (self._running raises that one for you).
+        #   has no token, or a request that is not running (self._running, below, raises that one).
         # BEGIN SOLUTION 2.5
         finished = []
         for sequence in batch:
@@ -372,6 +391,10 @@ class StallFreeScheduler:
 
     def _running(self, request_id: int) -> Request:
         """The running request a batch entry refers to (a clear error for a stale batch)."""
+        # Exercise 2.5, the lookup: returns the running request with this id; for an id that is not
+        #   running (a stale batch, or a batch passed twice), a ValueError that names the request and
+        #   says to pass the batch of the latest schedule_next_batch(), once.
+        # BEGIN SOLUTION 2.5
         try:
             return self.active_pool[request_id]
         except KeyError:
@@ -379,6 +402,7 @@ class StallFreeScheduler:
                 f"Request {request_id} is in the batch but not running; pass the batch returned by the "
                 "latest schedule_next_batch(), once."
             ) from None
+        # END SOLUTION
 
     def _finish(self, request: Request) -> None:
         """A complete request leaves the running set and gives its blocks back at once, for others."""

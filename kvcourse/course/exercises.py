@@ -58,11 +58,11 @@ _EXERCISES = [
     ),
     Exercise(
         id="2.1",
-        title="Allocate a slot for each decode",
+        title="Describe a chunk; allocate each decode",
         module="scheduler",
-        minutes=10,
-        hint="A decode feeds one token, and one token may or may not need a new block. Which helper is the only place that may decide who steps back when there is no room?",
-        approach="Ask self._allocate_or_preempt for room for exactly one token. If it says no, schedule nothing and return None; if it says yes, let self._advance describe the decode (is_decode=True) and count the token as computed.",
+        minutes=15,
+        hint="The description follows from num_computed_tokens alone: where the chunk starts, which tokens it feeds, whether it reaches the end. A decode feeds one token, which may or may not need a new block: which helper is the only place that may decide who steps back when there is no room?",
+        approach="_advance: start = num_computed_tokens; move num_computed_tokens forward by n; return a ScheduledSequence with all_token_ids[start:start + n], position_ids_start=start, is_decode as given, and samples_token = (the new num_computed_tokens == num_tokens). _schedule_decode: ask self._allocate_or_preempt for room for exactly one token; if it says no, return None; otherwise return self._advance(request, 1, is_decode=True).",
     ),
     Exercise(
         id="2.2",
@@ -86,7 +86,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=20,
         hint="Write the three passes in the order the contract lists them, and let the helpers (_has_room, _budget_left, _is_prefilling) carry the arithmetic. How can schedule_next_batch tell that a pass preempted someone?",
-        approach="schedule_next_batch: remember self.num_preemptions, run the decode pass, then the prefill pass, and call self._admit_waiting only if the count did not change; return the batch. Decode pass: loop over a copy of active_pool's values; skip a request no longer in active_pool or not past its prefill; stop when not self._has_room(batch); append what _schedule_decode returns unless it is None. Prefill pass: take the first running request for which _is_prefilling is true; if there is one and the batch has room, append its _schedule_prefill_chunk with the budget left (unless None).",
+        approach="schedule_next_batch: remember self.num_preemptions, run the decode pass, then the prefill pass, and call self._admit_waiting only if the count did not change; return the batch. Decode pass: loop over a copy of active_pool's values; skip a request no longer in active_pool or not past its prefill; stop when not self._has_room(batch); append what _schedule_decode returns unless it is None. Prefill pass: take the first running request for which _is_prefilling is true; if there is one and the batch has room, append its _schedule_prefill_chunk with the budget left (unless None). Helpers: _budget_left subtracts the tokens of the batch from token_budget; _has_room compares it with num_tokens and len(batch) with max_batch_size; _is_prefilling combines is_prefill_done() and num_uncomputed_tokens.",
     ),
     Exercise(
         id="2.5",
@@ -94,7 +94,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=15,
         hint="Only sequences with samples_token get a token. After appending it, ask the request whether it is complete.",
-        approach="For each sequence in the batch: skip it unless samples_token; look the request up with self._running(id); raise a ValueError naming the request if sampled_token_ids has no token for it; append int(token) to its output_tokens; if request.is_complete(), call self._finish(request) and collect it. Return the collected requests.",
+        approach="For each sequence in the batch: skip it unless samples_token; look the request up with self._running(id); raise a ValueError naming the request if sampled_token_ids has no token for it; append int(token) to its output_tokens; if request.is_complete(), call self._finish(request) and collect it. Return the collected requests. _running: return self.active_pool[request_id], turning the KeyError into a ValueError with the id and what to do.",
     ),
     Exercise(
         id="2.6",

@@ -124,6 +124,25 @@ def test_decode_feeds_the_newest_token_at_the_next_position():
 
 
 @pytest.mark.ex2_1
+def test_a_chunk_is_described_from_the_tokens_already_cached():
+    request = Request(id=7, prompt_tokens=prompt(10), max_new_tokens=3)
+    first = StallFreeScheduler._advance(request, 6, is_decode=False)
+    assert (first.request_id, first.tokens, first.position_ids_start) == (7, prompt(10)[:6], 0), (
+        "the first chunk of a prompt should be its first tokens, from position 0"
+    )
+    assert not first.is_decode and not first.samples_token, "a chunk that stops inside the prompt samples nothing"
+    assert request.num_computed_tokens == 6, "the described tokens should count as computed"
+    rest = StallFreeScheduler._advance(request, 4, is_decode=False)
+    assert (rest.tokens, rest.position_ids_start) == (prompt(10)[6:], 6), "the next chunk starts where the cache ends"
+    assert rest.samples_token, "the chunk that completes the prompt must sample the first output token"
+    request.output_tokens.append(55)
+    decode = StallFreeScheduler._advance(request, 1, is_decode=True)
+    assert (decode.tokens, decode.position_ids_start, decode.is_decode) == ([55], 10, True), (
+        "after the prompt, the next token to feed is the first output token, at the position after the prompt"
+    )
+
+
+@pytest.mark.ex2_1
 def test_decode_takes_a_new_block_only_at_a_block_boundary():
     scheduler, manager = make(num_blocks=20, block_size=4)
     at_boundary = decoding(scheduler, manager, 0, prompt_len=7, outputs=[5, 6])  # 8 cached: blocks full
@@ -481,15 +500,19 @@ def test_running_requests_count_against_the_batch_size():
 
 
 def steady_stream_run(scheduler: StallFreeScheduler, arrival_steps: int = 150):
-    """Three small requests, then a 40-token one, then a new small request after every step."""
-    ids = itertools.count(100)
-    queue(scheduler, *toy_requests([6, 6, 6], max_new_tokens=6, seed=1, first_id=10))
-    head = toy_requests([40], max_new_tokens=8, seed=2)[0]
+    """Four small requests, then a 40-token one, then four new small ones after every step.
+
+    No request ever needs a block beyond those of its first chunk (a small one holds 7 tokens at most, the
+    large one wants a single token), so nobody is ever preempted: only admission decides who runs.
+    """
+    queue(scheduler, *toy_requests([6] * 4, max_new_tokens=2, seed=1, first_id=10))
+    head = toy_requests([40], max_new_tokens=1, seed=2)[0]
     queue(scheduler, head)
+    new_ids = itertools.count(100, 4)
 
     def arrive(iteration, batch, scheduler):
         if iteration < arrival_steps:
-            queue(scheduler, toy_requests([6], max_new_tokens=6, seed=iteration, first_id=next(ids))[0])
+            queue(scheduler, *toy_requests([6] * 4, max_new_tokens=2, seed=1000 + iteration, first_id=next(new_ids)))
 
     return head, run(scheduler, on_step=arrive, max_iterations=2_000)
 
@@ -499,12 +522,12 @@ def test_a_large_request_is_not_starved_by_a_stream_of_small_ones():
     scheduler, manager = make(num_blocks=16, block_size=4, token_budget=64, max_batch_size=8)
     head, trace = steady_stream_run(scheduler)
     finished_at = next((step.iteration for step in trace.steps if head.id in step.finished), None)
-    assert finished_at is not None and finished_at <= 40, (
-        "a 40-token request at the head of the queue should finish within 40 steps while small requests keep "
-        f"arriving (one per step); it finished at step {finished_at} of {len(trace.steps)}. Skipping past a head "
-        "that does not fit lets the small ones take every freed block."
+    assert finished_at is not None and finished_at <= 20, (
+        "a 40-token request near the head of the queue should finish within 20 steps while small requests keep "
+        f"arriving (four per step); it finished at step {finished_at} of {len(trace.steps)}. Skipping past a "
+        "head that does not fit lets the small ones take every freed block."
     )
-    assert head.output_tokens == toy_generate(head.prompt_tokens, 8), "the large request's outputs are wrong"
+    assert head.output_tokens == toy_generate(head.prompt_tokens, 1), "the large request's output is wrong"
     assert manager.get_num_free_blocks() == 16, "all blocks should be free at the end"
 
 
