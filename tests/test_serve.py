@@ -173,7 +173,8 @@ def test_64_concurrent_streaming_clients_all_complete_exactly_and_leak_nothing(s
     assert after["kvcourse:num_free_blocks"] == NUM_BLOCKS and after["kvcourse:kv_cache_usage_perc"] == 0
     assert after["kvcourse:time_to_first_token_seconds_count"] >= 64
     assert after["kvcourse:num_preemptions_total"] >= 0 and "kvcourse:prefix_cache_hit_rate" in after
-    print("free blocks after:", health(server)["num_free_blocks"], "of", NUM_BLOCKS)
+    state = health(server)
+    print("free blocks after:", state["num_free_blocks"], "of", NUM_BLOCKS, "| preemptions:", state["num_preemptions"])
 
 
 # ------------------------------------------------------------------------------- never leaks
@@ -301,13 +302,13 @@ def test_prefix_hits_show_in_metrics(eos_case):
 
 def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(eos_case):
     server, prompt, greedy, _ = eos_case
-    engine = server.engine_loop.engine
+    runner = server.engine_loop.engine.runner
 
-    def broken_step(*args, **kwargs):
-        del engine.step  # fail once, then the real step again
+    def broken_execute(*args, **kwargs):
+        del runner.execute  # fail once, then the real model again
         raise RuntimeError("simulated device fault")
 
-    engine.step = broken_step
+    runner.execute = broken_execute
     body = {"prompt": prompt, "max_tokens": 5, "ignore_eos": True}
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=WAIT_S)
     assert response.status_code == 500 and "simulated device fault" in response.json()["error"]["message"]

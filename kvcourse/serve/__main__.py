@@ -24,7 +24,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--token-budget", type=int, default=512, help="tokens the model runs per step (default 512)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="requests running at once (default 16)")
     parser.add_argument("--enable-prefix-caching", action="store_true", help="share prompt blocks between requests")
-    parser.add_argument("--attention", default="reference", help="reference or triton (default reference)")
+    parser.add_argument(
+        "--attention",
+        default=None,
+        help="fast, reference (your exercises 5.2-5.3) or triton (default: the engine's, fast)",
+    )
     parser.add_argument(
         "--host", default=LOOPBACK, help=f"address to listen on (default {LOOPBACK}: this machine only)"
     )

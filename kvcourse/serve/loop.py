@@ -206,12 +206,14 @@ class EngineLoop:
         self.metrics.preemptions.inc(max(0, _num_preemptions(self.engine) - preemptions_before))
 
     def _fail_after_fault(self, error: str) -> None:
-        """Requests still unsettled after a failed step end with the error (their blocks go back)."""
+        """After a failed step: the engine has already ended the requests the step touched (FAILED, with
+        a reason) and they are reported as errors when delivered; an engine without that fault handling
+        (no `abort`) may be half-updated, so every request in flight ends with the error."""
+        if hasattr(self.engine, "abort"):
+            return
         for rid, tracked in list(self._tracked.items()):
             if not _settled(tracked.request):
                 self._abort(rid, "error", f"the engine failed while running this request ({error}).")
-            else:
-                tracked.request.reason = tracked.request.reason or error
 
     def _deliver(self) -> None:
         """Hand each request its new tokens; close the streams of requests that finished."""
@@ -300,7 +302,7 @@ def _abort_in_engine(engine: Any, request: Request) -> None:
     if _settled(request):
         return
     if hasattr(engine, "abort"):
-        engine.abort(request.id)
+        engine.abort(request.id, "aborted: the client went away")
         return
     scheduler = engine.scheduler
     if hasattr(scheduler, "finish_requests"):

@@ -27,11 +27,14 @@ def build_app(
     token_budget: int = 512,
     max_batch_size: int = 16,
     enable_prefix_caching: bool = False,
-    attention: str = "reference",
+    attention: str | None = None,
     tokenizer: Any = None,
     model_name: str | None = None,
 ) -> FastAPI:
-    """An app serving GPT-2 (`model` is "tiny", "gpt2"... or a loaded model) through a fresh LLMEngine."""
+    """An app serving GPT-2 (`model` is "tiny", "gpt2"... or a loaded model) through a fresh LLMEngine.
+
+    attention: the engine's backend (None: the engine's default; "reference" runs your exercises 5.2-5.3).
+    """
     from kvcourse.engine import LLMEngine
     from kvcourse.models import load_gpt2, load_tokenizer
 
@@ -39,6 +42,7 @@ def build_app(
     if isinstance(model, str):
         model = load_gpt2(model)
     tokenizer = tokenizer or load_tokenizer()
+    options = {} if attention is None else {"attention": attention}
     engine = LLMEngine(
         model,
         num_blocks=num_blocks,
@@ -46,8 +50,8 @@ def build_app(
         token_budget=token_budget,
         max_batch_size=max_batch_size,
         enable_prefix_caching=enable_prefix_caching,
-        attention=attention,
         tokenizer=tokenizer,
+        **options,
     )
     return create_app(engine, tokenizer, name)
 
