@@ -55,9 +55,9 @@ if IN_COLAB:
 import inspect
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
 
 from kvcourse import answer, toy, viz
+from kvcourse.viz import diagrams
 
 # %% [markdown]
 # ## 1. A toy model that remembers everything
@@ -103,33 +103,7 @@ print(inspect.getsource(toy.BlindStallFreeScheduler.schedule_next_batch))
 # the first chunk of a newcomer.
 
 # %%
-fig, ax = plt.subplots(figsize=(9, 1.6))
-segments = [
-    ("decode R0", 1, "tab:orange"),
-    ("decode R1", 1, "tab:orange"),
-    ("decode R2", 1, "tab:orange"),
-    ("R3: last 18 prompt tokens", 18, "tab:blue"),
-    ("R4: first 11", 11, "tab:cyan"),
-]
-x = 0
-for label, width, color in segments:
-    ax.add_patch(Rectangle((x, 0), width, 1, facecolor=color, edgecolor="black"))
-    ax.text(
-        x + width / 2,
-        0.5 if width > 3 else 1.25,
-        label,
-        ha="center",
-        va="center",
-        fontsize=8,
-        rotation=0 if width > 3 else 30,
-    )
-    x += width
-ax.set_xlim(0, 32)
-ax.set_ylim(0, 1.8)
-ax.set_yticks([])
-ax.set_xlabel("the 32 tokens of one forward pass (the token budget)")
-ax.set_title("One iteration: decodes first, then the prefill in progress, then a newcomer")
-plt.show()
+diagrams.iteration_batch()
 
 # %% [markdown]
 # ## 3. A workload, and its timeline

@@ -69,13 +69,13 @@ if IN_COLAB:
 from collections import deque
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from kvcourse import answer, check, hint, solution, toy, viz  # noqa: F401  (hint, solution: for you)
 from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
 from kvcourse.models import LESSON_PROMPTS, load_tokenizer
 from kvcourse.request import Request
 from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
+from kvcourse.viz import diagrams
 
 # %% [markdown]
 # ## 1. Two roles: policy and mechanism
@@ -94,76 +94,8 @@ from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
 #
 # Each step, three parties talk:
 
-
 # %%
-def box(ax, x, y, w, h, title, lines, color):
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", facecolor=color, edgecolor="black"))
-    ax.text(x + w / 2, y + h - 0.1, title, ha="center", va="top", fontsize=10.5, weight="bold")
-    ax.text(x + w / 2, y + h - 0.75, "\n".join(lines), ha="center", va="top", fontsize=8.5)
-
-
-def arrow(ax, start, end, label, dy=0.1):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color="black"))
-    ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + dy, label, ha="center", fontsize=8.5)
-
-
-fig, ax = plt.subplots(figsize=(11, 3.8))
-box(
-    ax,
-    0.0,
-    0.5,
-    2.8,
-    1.9,
-    "Scheduler\n(policy)",
-    ["waiting_queue, active_pool", "token budget, batch size", "who runs, who waits, who is", "preempted or rejected"],
-    "#fde2c8",
-)
-box(
-    ax,
-    5.0,
-    0.5,
-    2.8,
-    1.9,
-    "KV-cache manager\n(mechanism)",
-    ["blocks of block_size tokens", "the free blocks", "a block table per request"],
-    "#cfe3f7",
-)
-box(
-    ax,
-    10.0,
-    0.5,
-    2.6,
-    1.9,
-    "Executor\n(the model)",
-    ["writes K/V into blocks", "reads them in attention", "samples next tokens"],
-    "#d5efd5",
-)
-arrow(ax, (2.85, 1.9), (4.95, 1.9), "allocate_slots(req, n)\nfree(req)")
-arrow(ax, (4.95, 1.1), (2.85, 1.1), "KVCacheBlocks or None", dy=-0.3)
-arrow(ax, (7.85, 1.5), (9.95, 1.5), "block tables")
-ax.add_patch(
-    FancyArrowPatch(
-        (1.4, 0.45), (11.3, 0.45), connectionstyle="arc3,rad=0.2", arrowstyle="-|>", mutation_scale=14, color="tab:gray"
-    )
-)
-ax.text(6.35, -0.62, "batch of ScheduledSequence (tokens, positions)", ha="center", fontsize=8.5, color="dimgray")
-ax.add_patch(
-    FancyArrowPatch(
-        (11.3, 2.45), (1.4, 2.45), connectionstyle="arc3,rad=0.2", arrowstyle="-|>", mutation_scale=14, color="tab:gray"
-    )
-)
-ax.text(
-    6.35,
-    3.45,
-    "sampled tokens -> update_from_output(batch, sampled_token_ids)",
-    ha="center",
-    fontsize=8.5,
-    color="dimgray",
-)
-ax.set_xlim(-0.2, 12.8)
-ax.set_ylim(-0.8, 3.7)
-ax.axis("off")
-plt.show()
+diagrams.scheduler_cache_executor()
 
 # %% [markdown]
 # ## 2. The data structures
@@ -195,36 +127,7 @@ print(
 print(KVCacheBlocks([7, 1, 4]), "->", KVCacheBlocks([7, 1, 4]).get_block_ids())
 
 # %%
-BLOCK, TABLE, POOL = 4, [7, 1, 4], 10
-fig, ax = plt.subplots(figsize=(11, 3.0))
-for p in range(10):  # the request's 10 tokens, grouped into logical blocks
-    ax.add_patch(Rectangle((p * 0.55 + (p // BLOCK) * 0.25, 2.0), 0.5, 0.5, facecolor="#fde2c8", edgecolor="black"))
-    ax.text(p * 0.55 + (p // BLOCK) * 0.25 + 0.25, 2.25, str(p), ha="center", va="center", fontsize=8)
-for i, block_id in enumerate(TABLE):
-    x = i * (BLOCK * 0.55 + 0.25) + 1.0
-    ax.text(x, 1.55, f"logical {i} -> block {block_id}", ha="center", fontsize=8.5)
-ax.text(-0.1, 2.25, "token positions", ha="right", va="center", fontsize=9)
-ax.text(-0.1, 1.6, "block table", ha="right", va="center", fontsize=9)
-for b in range(POOL):  # the physical pool
-    x = b * 1.05
-    used = b in TABLE
-    ax.add_patch(Rectangle((x, 0.2), 0.95, 0.7, facecolor="#cfe3f7" if used else "white", edgecolor="black"))
-    if used:
-        filled = min(BLOCK, 10 - TABLE.index(b) * BLOCK)
-        for s in range(filled):
-            ax.add_patch(Rectangle((x + 0.04 + s * 0.22, 0.28), 0.2, 0.3, facecolor="tab:blue"))
-    ax.text(x + 0.475, 0.72, f"block {b}", ha="center", fontsize=7.5)
-ax.text(-0.1, 0.55, "physical blocks", ha="right", va="center", fontsize=9)
-for i, block_id in enumerate(TABLE):
-    x0 = i * (BLOCK * 0.55 + 0.25) + 1.0
-    ax.add_patch(
-        FancyArrowPatch((x0, 1.5), (block_id * 1.05 + 0.475, 0.95), arrowstyle="-|>", mutation_scale=10, color="gray")
-    )
-ax.set_xlim(-1.8, 10.6)
-ax.set_ylim(0, 2.7)
-ax.axis("off")
-ax.set_title("A 10-token request with block_size 4: three blocks, anywhere in the pool; the last one is half full")
-plt.show()
+diagrams.block_table([7, 1, 4], num_tokens=10, block_size=4, pool=10)
 
 # %% [markdown]
 # ## 3. The contract: four methods (and two helpers)

@@ -53,13 +53,13 @@ if IN_COLAB:
 import random
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from kvcourse import check, toy
 from kvcourse.kv_cache import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, KVCacheManager
 from kvcourse.models import LESSON_PROMPTS, load_tokenizer
 from kvcourse.request import Request
 from kvcourse.scheduler import StallFreeScheduler
+from kvcourse.viz import diagrams
 from kvcourse.viz.widgets import BlockTableWidget, record_run
 
 # %% [markdown]
@@ -85,82 +85,9 @@ from kvcourse.viz.widgets import BlockTableWidget, record_run
 # 20–38% of their KV memory for actual token states; with paging, 96%.
 
 # %%
-SLOTS, BLOCK = 64, 4  # token slots in this toy picture; tokens per block when paged
-COLORS = {"A": "#4e79a7", "B": "#f28e2b", "C": "#59a14f", "D": "#e15759"}
+BLOCK = 4  # tokens per block when paged
 WRITTEN = {"A": 9, "C": 5, "D": 18}  # tokens each request has written when D arrives
-
-
-def draw_row(ax, y, segments, title):
-    """segments: (start, length, request or None, kind), kind is 'used', 'reserved' or 'free'."""
-    for start, length, name, kind in segments:
-        color = COLORS.get(name, "white")
-        if kind == "used":
-            ax.add_patch(Rectangle((start, y), length, 0.8, color=color))
-            if length >= 3:
-                ax.text(start + length / 2, y + 0.4, name, ha="center", va="center", color="white", weight="bold")
-        elif kind == "reserved":
-            ax.add_patch(Rectangle((start, y), length, 0.8, facecolor="white", edgecolor=color, hatch="///"))
-        else:
-            ax.add_patch(Rectangle((start, y), length, 0.8, facecolor="#eeeeee", edgecolor="#999999"))
-    ax.text(-1, y + 0.4, title, ha="right", va="center")
-
-
-contiguous = [
-    (0, 9, "A", "used"),
-    (9, 11, "A", "reserved"),
-    (20, 12, "B", "used"),
-    (32, 4, "B", "reserved"),
-    (36, 5, "C", "used"),
-    (41, 7, "C", "reserved"),
-    (48, 16, None, "free"),
-]
-b_done = sorted([s for s in contiguous if s[2] != "B"] + [(20, 16, None, "free")])  # B's region is a hole now
-paged, owners = [], ["A"] * 3 + ["C"] * 2 + ["D"] * 5  # blocks in the order they were handed out
-for i, name in enumerate(owners):
-    used = min(BLOCK, WRITTEN[name] - BLOCK * owners[:i].count(name))
-    paged.append((i * BLOCK, used, name, "used"))
-    if used < BLOCK:
-        paged.append((i * BLOCK + used, BLOCK - used, name, "reserved"))
-paged.append((len(owners) * BLOCK, SLOTS - len(owners) * BLOCK, None, "free"))
-
-fig, ax = plt.subplots(figsize=(10, 3.4))
-draw_row(ax, 2, contiguous, "contiguous:\nA, B, C reserve their maximum")
-draw_row(ax, 1, b_done, "B finishes: 32 slots free,\nbut D needs 20 in one piece")
-draw_row(ax, 0, paged, "paged (blocks of 4):\nD fits, waste only in last blocks")
-for x in range(0, SLOTS + 1, BLOCK):
-    ax.plot([x, x], [0, 0.8], color="white", lw=1)
-ax.annotate(
-    "external fragmentation:\ntwo holes of 16", xy=(28, 1.4), xytext=(28, 1.4), ha="center", va="center", fontsize=8
-)
-ax.set_xlim(-22, SLOTS + 1)
-ax.set_ylim(-0.3, 3)
-ax.set_yticks([])
-ax.set_xticks(range(0, SLOTS + 1, 16))
-ax.set_xlabel("KV memory (token slots)")
-for side in ("top", "right", "left"):
-    ax.spines[side].set_visible(False)
-ax.legend(
-    handles=[
-        Rectangle((0, 0), 1, 1, color="#4e79a7", label="token states"),
-        Rectangle(
-            (0, 0),
-            1,
-            1,
-            facecolor="white",
-            edgecolor="k",
-            hatch="///",
-            label="reserved, never written (internal fragmentation)",
-        ),
-        Rectangle((0, 0), 1, 1, facecolor="#eeeeee", edgecolor="#999", label="free"),
-    ],
-    loc="upper center",
-    bbox_to_anchor=(0.5, -0.28),
-    ncol=3,
-    frameon=False,
-    fontsize=8,
-)
-fig.tight_layout()
-plt.show()
+diagrams.fragmentation(WRITTEN, block_size=BLOCK)
 
 # %%
 written = sum(WRITTEN[n] for n in "AC")
@@ -189,45 +116,8 @@ print(f"paged:      the most a request can ever waste is block_size - 1 = {BLOCK
 # pointers, and two sentinel blocks (`fake_head`, `fake_tail`) mean an empty list needs no special
 # case. Unlinking a block rewires its two neighbours: O(1), no scan.
 
-
 # %%
-def draw_queue(ax, labels, y, title, highlight=None):
-    """Boxes linked both ways: the head sentinel, the free blocks front to back, the tail sentinel."""
-    for i, label in enumerate(labels):
-        sentinel = label in ("head", "tail")
-        color = "#eeeeee" if sentinel else ("#e15759" if label == highlight else "#4e79a7")
-        ax.add_patch(FancyBboxPatch((i * 1.6, y), 1, 0.6, boxstyle="round,pad=0.05", facecolor=color, edgecolor="#333"))
-        ax.text(
-            i * 1.6 + 0.5,
-            y + 0.3,
-            label,
-            ha="center",
-            va="center",
-            color="#333" if sentinel else "white",
-            weight="bold",
-        )
-        if i + 1 < len(labels):
-            ax.annotate(
-                "", xy=(i * 1.6 + 1.6, y + 0.42), xytext=(i * 1.6 + 1.05, y + 0.42), arrowprops=dict(arrowstyle="->")
-            )
-            ax.annotate(
-                "",
-                xy=(i * 1.6 + 1.05, y + 0.18),
-                xytext=(i * 1.6 + 1.6, y + 0.18),
-                arrowprops=dict(arrowstyle="->", color="#888"),
-            )
-    ax.text(-0.3, y + 0.3, title, ha="right", va="center")
-
-
-fig, ax = plt.subplots(figsize=(10, 2.6))
-draw_queue(ax, ["head", "b0", "b1", "b3", "b2", "tail"], 1.2, "free queue\n(front = reused first)", highlight="b3")
-draw_queue(ax, ["head", "b0", "b1", "b2", "tail"], 0, "after remove(b3):\nb1.next = b2, b2.prev = b1")
-ax.text(4.8, 2.0, "next →   ← prev", ha="center", fontsize=9, color="#555")
-ax.set_xlim(-4.2, 9.8)
-ax.set_ylim(-0.2, 2.2)
-ax.axis("off")
-fig.tight_layout()
-plt.show()
+diagrams.free_queue_remove()
 
 # %% [markdown]
 # ### Exercise 3.1: a doubly linked free-block queue

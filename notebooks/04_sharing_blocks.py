@@ -54,60 +54,13 @@ if IN_COLAB:
 import random
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyBboxPatch
 
 from kvcourse import check, toy
 from kvcourse.kv_cache import KVCacheManager, hash_block_tokens, hash_request_tokens
 from kvcourse.request import Request
 from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
+from kvcourse.viz import diagrams
 from kvcourse.viz.widgets import BlockTableWidget, Recorder, record_run, snapshot
-
-# %%
-COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759"]
-
-
-def box(ax, x, y, text, color, text_color="white", width=1.0, dashed=False):
-    """One rounded box with a centred label."""
-    ax.add_patch(
-        FancyBboxPatch(
-            (x, y),
-            width,
-            0.6,
-            boxstyle="round,pad=0.04",
-            facecolor=color,
-            edgecolor="#333",
-            linestyle="--" if dashed else "-",
-        )
-    )
-    ax.text(x + width / 2, y + 0.3, text, ha="center", va="center", color=text_color, fontsize=9, weight="bold")
-
-
-def draw_tables(ax, tables, num_blocks, title, note=""):
-    """Block tables (one row per request) pointing into a row of physical blocks labelled with ref counts."""
-    refs = [sum(table.count(b) for _, table in tables) for b in range(num_blocks)]
-    for b in range(num_blocks):
-        box(ax, b * 1.3, 0, f"{b}", "#dddddd" if refs[b] == 0 else "#777777", "#333" if refs[b] == 0 else "white")
-        if refs[b]:
-            ax.text(b * 1.3 + 0.5, -0.3, f"ref {refs[b]}", ha="center", fontsize=8)
-    for row, (name, table) in enumerate(tables):
-        y = 1.6 + row * 1.0
-        ax.text(-0.3, y + 0.3, name, ha="right", va="center", fontsize=9, color=COLORS[row])
-        for i, b in enumerate(table):
-            box(ax, i * 1.3, y, f"{i}→{b}", COLORS[row])
-            ax.annotate(
-                "",
-                xy=(b * 1.3 + 0.5, 0.62),
-                xytext=(i * 1.3 + 0.5, y - 0.02),
-                arrowprops=dict(arrowstyle="->", color=COLORS[row], alpha=0.6),
-            )
-    ax.text(-0.3, 0.3, "physical\nblocks", ha="right", va="center", fontsize=9)
-    ax.set_title(title, fontsize=10)
-    if note:
-        ax.text(num_blocks * 0.65, -0.8, note, ha="center", fontsize=8, color="#555")
-    ax.set_xlim(-2.2, num_blocks * 1.3)
-    ax.set_ylim(-1.0, 1.9 + len(tables))
-    ax.axis("off")
-
 
 # %% [markdown]
 # ## 1. Reference counts: one block, many tables
@@ -126,15 +79,12 @@ def draw_tables(ax, tables, num_blocks, title, note=""):
 #   first** (copy-on-write, section 6).
 
 # %%
-fig, ax = plt.subplots(figsize=(9, 3))
-draw_tables(
-    ax,
+diagrams.block_tables(
     [("request A", [0, 1, 2]), ("request B", [0, 1, 3, 4])],
     6,
     "A and B share the blocks of their common prefix",
     "blocks 0 and 1 hold the shared prefix once: ref 2; each request's own tokens live in its own blocks",
 )
-plt.show()
 
 # %% [markdown]
 # ## 2. Naming a prefix: the hash chain (exercise 4.1)
@@ -152,33 +102,7 @@ plt.show()
 # use SHA-256 over a stable encoding, never Python's `hash()`, which is salted per process.
 
 # %%
-fig, ax = plt.subplots(figsize=(10, 2.6))
-rows = [
-    ("prompt A", ["12 7 99 3", "5 5 41 8", "77 2 9 60"], ["h1", "h2", "h3"]),
-    ("prompt B", ["12 7 99 3", "5 5 41 8", "31 4 4 18"], ["h1", "h2", "h3'"]),
-]
-for row, (name, blocks, hashes) in enumerate(rows):
-    y = 1.4 - row * 1.3
-    ax.text(-0.2, y + 0.3, name, ha="right", va="center", fontsize=9)
-    for i, (tokens, h) in enumerate(zip(blocks, hashes)):
-        shared = row == 1 and i < 2
-        box(ax, i * 3.2, y, tokens, COLORS[row] if not shared else COLORS[0], width=1.6)
-        box(ax, i * 3.2 + 1.9, y, h, "#555555", width=0.8)
-        parent = "None" if i == 0 else hashes[i - 1]
-        ax.text(i * 3.2 + 1.6, y + 0.75, f"{h} = H({parent}, tokens)", fontsize=7, ha="center")
-ax.text(
-    4.8,
-    -0.5,
-    "same tokens, same parents: same hashes h1, h2 (B can reuse A's blocks); "
-    "the third blocks differ, and so would every block after them",
-    ha="center",
-    fontsize=8,
-    color="#555",
-)
-ax.set_xlim(-2, 10)
-ax.set_ylim(-0.7, 2.4)
-ax.axis("off")
-plt.show()
+diagrams.hash_chain()
 
 # %% [markdown]
 # ### Exercise 4.1: the hash chain
@@ -293,34 +217,7 @@ check("4.3")
 # its head: the head (say, a system prompt everyone shares) survives longest.
 
 # %%
-fig, ax = plt.subplots(figsize=(10, 1.6))
-queue = [
-    ("9", "#dddddd", False),
-    ("10", "#dddddd", False),
-    ("B:5", COLORS[1], True),
-    ("B:4", COLORS[1], True),
-    ("A:3", COLORS[0], True),
-    ("A:2", COLORS[0], True),
-    ("A:1", COLORS[0], True),
-    ("A:0", COLORS[0], True),
-]
-for i, (label, color, cached) in enumerate(queue):
-    box(ax, i * 1.25, 0, label, color, "#333" if not cached else "white", dashed=cached)
-ax.text(-0.4, 0.3, "front:\nreused first", ha="right", va="center", fontsize=8)
-ax.text(len(queue) * 1.25, 0.3, "back:\nreused last", ha="left", va="center", fontsize=8)
-ax.text(
-    5,
-    -0.45,
-    "never-cached blocks go first, then B's and A's blocks, each request's tail before its head "
-    "(dashed: still cached, still hittable)",
-    ha="center",
-    fontsize=8,
-    color="#555",
-)
-ax.set_xlim(-2.2, 11.5)
-ax.set_ylim(-0.7, 0.8)
-ax.axis("off")
-plt.show()
+diagrams.eviction_order()
 
 # %% [markdown]
 # ### Exercise 4.4: `BlockPool._maybe_evict_cached_block`
@@ -375,23 +272,7 @@ check("4.4")
 # forward pass. The last holder left writes in place: nobody else reads the block any more.
 
 # %%
-fig, (left, right) = plt.subplots(1, 2, figsize=(11, 2.8))
-draw_tables(
-    left,
-    [("parent", [0, 1, 2]), ("child", [0, 1, 2])],
-    5,
-    "after fork: everything shared",
-    "block 2 is partly full: both will write into it next",
-)
-draw_tables(
-    right,
-    [("parent", [0, 1, 2]), ("child", [0, 1, 3])],
-    5,
-    "the child writes: copy-on-write",
-    "block 2 copied to 3 (pair (2, 3) for the executor); the parent now writes 2 in place",
-)
-fig.tight_layout()
-plt.show()
+diagrams.copy_on_write()
 
 # %% [markdown]
 # ### Exercise 4.5: `KVCacheManager.fork` and `KVCacheManager._copy_on_write`

@@ -64,6 +64,7 @@ from kvcourse.engine import LLMEngine, hf_greedy
 from kvcourse.model_runner import prepare_inputs
 from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer
 from kvcourse.scheduler import ScheduledSequence
+from kvcourse.viz import diagrams
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the tensors here are small: one thread is faster, and results never depend on the core count
@@ -90,28 +91,7 @@ print("CUDA available:", torch.cuda.is_available())
 block_size, num_blocks = 4, 12
 tables = {"A": [3, 8], "B": [0, 5, 10], "C": [6]}  # block tables, from the KV-cache manager
 lengths = {"A": 7, "B": 10, "C": 3}  # tokens each request has in the cache
-colors = {"A": "tab:blue", "B": "tab:orange", "C": "tab:green"}
-
-fig, ax = plt.subplots(figsize=(9, 4.8))
-for block in range(num_blocks):
-    for offset in range(block_size):
-        ax.add_patch(plt.Rectangle((offset, block), 1, 1, fill=False, ec="lightgray"))
-for name, table in tables.items():
-    for pos in range(lengths[name]):
-        block, offset = table[pos // block_size], pos % block_size
-        ax.add_patch(plt.Rectangle((offset, block), 1, 1, color=colors[name], alpha=0.6))
-        ax.text(offset + 0.5, block + 0.5, f"{name}{pos}", ha="center", va="center", fontsize=8)
-ax.set_xlim(0, block_size)
-ax.set_ylim(num_blocks, 0)
-ax.set_xticks([o + 0.5 for o in range(block_size)], range(block_size))
-ax.set_yticks([b + 0.5 for b in range(num_blocks)], range(num_blocks))
-ax.set_xlabel("offset in the block")
-ax.set_ylabel("physical block id")
-ax.set_title("key_cache[num_blocks, block_size, H, D], seen from above")
-legend = "\n".join(f"{n}: {lengths[n]:>2} tokens, table {t}" for n, t in tables.items())
-fig.text(0.64, 0.5, "Block tables\n\n" + legend, va="center", family="monospace")
-fig.subplots_adjust(right=0.6)
-plt.show()
+diagrams.paged_cache_from_above(tables, lengths, block_size, num_blocks)
 
 p = 6
 slot = tables["B"][p // block_size] * block_size + p % block_size
