@@ -502,6 +502,123 @@ else:
         print(f"{name:<18} {ms:8.3f} ms   {kv_bytes / ms / 1e6:8.1f} GB/s of K and V")
 
 # %% [markdown]
+# ## 11. Your kernel as a GPU compiles it (no GPU needed)
+#
+# Triton's interpreter ran your kernel above as Python: it checks your logic, not the rules of the GPU
+# compiler. Those rules are real: change `l_i = 0.0` to `l_i = 0` and the interpreter still matches the
+# reference, but no GPU would run the kernel (*"Loop-carried variable l_i has initial type int32 but is
+# re-assigned to fp32 in loop"*: a value carried through a loop lives in one register of one type).
+# The Triton wheel ships the whole compiler, down to NVIDIA's assembler `ptxas`, so `check("5.4")`
+# compiled your kernel for an **A100 (sm_80)** and an **H100/H200 (sm_90)**, in fp16, bf16 and fp32,
+# right here, and would have told you in plain words which line a GPU rejects.
+#
+# The compiler also says what one program of your kernel occupies on the chip. The numbers below come
+# from the compiled binary (the *cubin*), read by `cuobjdump` and `ptxas`, the tools a CUDA developer uses,
+# for GPT-2's shapes (block size 16, head size 64).
+
+# %%
+from kvcourse.course import kernel_compile
+
+try:
+    compiled = kernel_compile.assert_decode_kernel_compiles(attention._paged_decode_kernel)
+except (AssertionError, NotImplementedError) as problem:
+    compiled = []
+    print("Your kernel does not compile yet:", str(problem).splitlines()[0])
+table = [f"{'target':<20}{'dtype':<7}{'warps':>6}{'registers':>11}{'spills':>8}{'shared (B)':>12}{'local (B)':>11}"]
+for kernel_code in compiled:
+    usage = kernel_compile.resource_usage(kernel_code)
+    table.append(
+        f"{kernel_compile.ARCHS[kernel_code.arch]:<20}{kernel_code.dtype:<7}{kernel_code.num_warps:>6}"
+        f"{usage.registers:>11}{usage.spill_stores + usage.spill_loads:>8}{kernel_code.shared:>12}{usage.local:>11}"
+    )
+print("\n".join(table))
+
+# %% [markdown]
+# What each column means for a **memory-bound** decode kernel, whose speed is the rate at which it
+# streams keys and values from memory:
+#
+# * **warps**: one program (one sequence × head) runs as this many warps of 32 threads. The grid has
+#   B × H programs: for section 10's batch, 32 × 12 = 384, about three per SM on an H200's 132 SMs. A
+#   decode batch that small leaves most of the chip idle, which is why production kernels also split
+#   long sequences across programs ("flash-decoding").
+# * **registers** per thread: an SM has 65,536. They bound how many programs an SM can hold at once
+#   (computed below); more resident warps means more loads in flight, which is what hides memory latency.
+# * **spills**: bytes the register allocator pushed out to *local* memory, which lives in DRAM. Zero is the
+#   goal: every spill is extra memory traffic in a kernel whose whole cost *is* memory traffic.
+# * **shared**: scratch for the reductions across warps (the `tl.sum` / `tl.max` over a block). Tiny next to
+#   the 164 KB (A100) or 228 KB (H100/H200) an SM has: it limits nothing here.
+
+# %%
+REGISTERS_PER_SM, THREADS_PER_SM = 65_536, 2_048
+occupancy = []
+for kernel_code in compiled[:1] + compiled[3:4]:
+    usage = kernel_compile.resource_usage(kernel_code)
+    per_warp = -(-usage.registers // 8) * 8 * 32  # registers are granted per warp, in steps of 8 per thread
+    by_registers = REGISTERS_PER_SM // per_warp // kernel_code.num_warps
+    by_threads = THREADS_PER_SM // (32 * kernel_code.num_warps)
+    occupancy.append(
+        f"{kernel_compile.ARCHS[kernel_code.arch]}, {kernel_code.dtype}: at most {min(by_registers, by_threads)} "
+        f"programs per SM ({by_registers} by registers, {by_threads} by threads)"
+    )
+print("\n".join(occupancy))
+
+# %% [markdown]
+# The compiler's output for the loop over blocks, in PTX (NVIDIA's portable assembly), sm_90 and fp16.
+# Read it for three things: `ld.global.b32` fetches the next **block id** from the block table, a load
+# that the key and value loads must wait for (paging's price: one dependent read per block);
+# `ld.global.v4.b32` are **16-byte vector loads** of keys and values (eight fp16 numbers per thread per
+# instruction: the widest load there is, which is what a memory-bound kernel wants); `shfl.sync.bfly` and
+# `bar.sync` are the **reductions** (within a warp, then across warps through shared memory), and
+# `ex2.approx.f32` is the online softmax's exponential.
+
+# %%
+if compiled:
+    loop = kernel_compile.inner_loop_ptx(compiled[3].ptx)
+    print("\n".join(line for line in loop if "ld.global" in line))
+    print("... and in all, per iteration of the loop over blocks:")
+    counts = kernel_compile.opcode_counts(loop)
+    shown = ("ld.global.b32", "ld.global.v4.b32", "fma.rn.f32", "shfl.sync.bfly.b32", "bar.sync", "ex2.approx.f32")
+    for opcode in shown:
+        print(f"  {opcode:<20}{counts.get(opcode, 0):>4}")
+
+# %% [markdown]
+# ### A roofline estimate
+#
+# Every decode step, each sequence's query must meet every cached key and value once. Those bytes set
+# a floor on the kernel's time: bytes read ÷ memory bandwidth. For section 10's batch (32 sequences of
+# 1,000 tokens, GPT-2's 12 heads of 64, fp16) and the H200's spec-sheet bandwidth of about 4.8 TB/s:
+
+# %%
+B, S, H, D, bytes_per_element = 32, 1000, 12, 64, 2
+kv_bytes = 2 * B * S * H * D * bytes_per_element  # keys and values, one layer
+flops = B * H * S * 4 * D  # per token and head: q·k (2D) and p·v (2D) multiply-adds
+H200_BYTES_PER_S, H200_FP32_FLOPS = 4.8e12, 67e12  # spec sheet: HBM3e bandwidth, FP32 (non-tensor) throughput
+print(f"K and V read per decode step, one layer: {kv_bytes / 1e6:.1f} MB; all 12 layers: {12 * kv_bytes / 1e6:.0f} MB")
+balance = H200_FP32_FLOPS / H200_BYTES_PER_S
+print(f"arithmetic intensity: {flops / kv_bytes:.2f} FLOP per byte (the H200 balances at {balance:.0f})")
+print(f"best-case kernel time on an H200, one layer: {kv_bytes / H200_BYTES_PER_S * 1e6:.1f} µs")
+
+# %% [markdown]
+# At about one floating-point operation per byte, against a chip that can do fourteen per byte it reads,
+# the kernel is bound by memory, not arithmetic: its best possible time is the bytes' time, about 20 µs
+# per layer here. Section 10 measures the real time where a GPU exists, and its bandwidth column is the
+# fraction of this bound the kernel reaches. GPU figures for this notebook are still due: no GPU run has
+# been recorded yet, so how close your kernel comes to this bound is an open question until one is.
+#
+# ### Precision: what the interpreter cannot tell you
+#
+# The interpreter computes in fp32 whatever the tensors' dtypes say. A GPU does not: an fp16 output is
+# rounded to 11 significant bits, bf16 to 8, and its `exp` is a fast approximation. Had the kernel used
+# `tl.dot` on fp32 inputs, a GPU would run it in **TF32** (10-bit mantissa, errors near 1e-3) unless it
+# passes `input_precision="ieee"`; this kernel multiplies and sums in fp32 (`tl.sum`), so it does not
+# depend on that. The course's GPU tests compare the kernel with the fp32 reference on the same inputs
+# within these tolerances (absolute and relative), each a few times the rounding of the output dtype:
+
+# %%
+for dtype, tolerance in kernel_compile.GPU_TOLERANCES.items():
+    print(f"{dtype}: {tolerance:g}")
+
+# %% [markdown]
 # ## What you built
 #
 # * a paged KV storage and its cache write by slot;
