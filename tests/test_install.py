@@ -93,3 +93,13 @@ def test_course_setup_installs_with_the_lock():
     assert "lock=requirements/ci.lock" in script
     assert re.search(r'pip install --quiet \$\{constraints\[@\]\+"\$\{constraints\[@\]\}"\} -e "\.\[dev\]"', script)
     assert "./course setup" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_package_ships_its_subpackages():
+    """`packages = ["kvcourse"]` alone would leave kvcourse.course, .viz, ... out of a built wheel."""
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    found = set(find_packages(str(ROOT), include=include))
+    assert {"kvcourse", "kvcourse.course", "kvcourse.viz", "kvcourse.toy", "kvcourse.bench"} <= found
+    assert not {p for p in found if not p.startswith("kvcourse")}
