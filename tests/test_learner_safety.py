@@ -188,9 +188,10 @@ def test_reset_from_a_notebook(clone: Path) -> None:
 
 
 @pytest.mark.slow  # imports torch in a fresh process or two
-def test_grade_command_grades_the_learners_file_and_leaves_it(clone: Path) -> None:
+def test_grade_command_grades_the_learners_file_and_leaves_it(clone: Path, tmp_path: Path) -> None:
     before = memory_file(clone)
-    done = run(clone, sys.executable, "-m", "kvcourse.grade", "--json", "0.1", "0.2")
+    course = {"KVCOURSE_VENV": str(_fake_venv(tmp_path)), "PYTHON": sys.executable}
+    done = run(clone, "bash", "course", "grade", "--json", "0.1", "0.2", **course)
     assert memory_file(clone) == before
     results = {r["id"]: r["status"] for r in json.loads(done.stdout.splitlines()[-1])["results"]}
     assert results == {"0.1": "incorrect", "0.2": "correct"}, done.stdout[-2000:]
@@ -204,7 +205,7 @@ def test_study_then_check_in_one_kernel(clone: Path) -> None:
         clone,
         """
         import os
-        from kvcourse import check, reset
+        from kvcourse import check, hint, progress, solution
         from kvcourse.bench import waste
         small = dict(quick=True, num_requests=30, capacity=4096, block_sizes=(16,))
         try:
@@ -217,6 +218,9 @@ def test_study_then_check_in_one_kernel(clone: Path) -> None:
         print("switch after studies:", os.environ.get("KVCOURSE_SOLUTIONS"))
         check("0.1")
         check("0.2")
+        hint("0.1")
+        solution("0.1")
+        print(repr(progress("0.1", "0.2")))
         """,
     )
     out = done.stdout
@@ -226,6 +230,7 @@ def test_study_then_check_in_one_kernel(clone: Path) -> None:
     assert "switch after studies: None" in out
     assert "Exercise 0.1 (KV bytes per token): not yet" in out, out
     assert re.search(r"Exercise 0\.2 \([^)]*\): correct", out) and "graded on the reference" not in out, out
+    assert re.search(r"0\.1 .* incorrect\n0\.2 .* correct\n1 of 2 exercises correct", out), out
     assert memory_file(clone) == before
 
 
@@ -259,3 +264,10 @@ def test_check_survives_a_crash_and_stops_a_hang(clone: Path) -> None:
     assert "ran for more than 3 s and was stopped" in hang, hang
     assert "correct." in fixed, fixed
     assert "same worker: True" in out
+
+
+def test_no_study_changes_the_environment() -> None:
+    """Whose code a study measures is its `reference` argument, never a variable it sets for everyone after it."""
+    writes = re.compile(r"environ\s*\[[^\]]*\]\s*=|environ\.(setdefault|update|pop|clear)\(|putenv\(|unsetenv\(")
+    for path in sorted((ROOT / "kvcourse" / "bench").glob("*.py")):
+        assert not writes.search(path.read_text()), f"{path.name} changes os.environ"
