@@ -211,10 +211,10 @@ class EngineCore:
         if not batch:
             raise Deadlock(describe_stall(scheduler, self.iteration))
         record = self._record(batch, preemptions_before, seconds)
-        if self.on_schedule is not None:
-            self.on_schedule(record)
         in_batch = [scheduler.active_pool[seq.request_id] for seq in batch]
         with self._timed("execute", seconds), self._fail_on_error("the executor (the model)", lambda: in_batch):
+            if self.on_schedule is not None:
+                self.on_schedule(record)
             if self.before_execute is not None:
                 self.before_execute()
             sampled = self.executor.execute(batch, self._block_tables(in_batch))
@@ -396,7 +396,7 @@ class LLMEngine:
         token_lists = self._validate(prompts, max_new_tokens)
         requests = [self._add_request(tokens, max_new_tokens) for tokens in token_lists]
         self.stats = EngineStats(prompt_tokens=sum(map(len, token_lists)))
-        self.core.trace = self.core.new_trace()
+        self.core.trace, self.core.iteration = self.core.new_trace(), 0  # steps count from 1 in each call
         self.core.remember(requests)
         show = sum(r.max_new_tokens for r in requests) >= PROGRESS_MIN_TOKENS if progress is None else progress
         bar = tqdm(
