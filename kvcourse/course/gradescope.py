@@ -30,7 +30,12 @@ SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, when the autograder image is built: install the course.
 set -euo pipefail
 cd "$(dirname "$0")"
-python3 -m pip install --upgrade pip
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup.sh: kvcourse needs Python 3.11+, not $(python3 --version 2>&1): choose Ubuntu 24.04 (Python 3.12)." >&2
+    exit 1
+fi
+python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-pip; }
+export PIP_BREAK_SYSTEM_PACKAGES=1  # a throwaway container: install into its system Python (PEP 668)
 # Gradescope has no GPU: take torch's CPU build instead of gigabytes of CUDA libraries.
 python3 -m pip install torch --index-url https://download.pytorch.org/whl/cpu
 python3 -m pip install -e .
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             names = build(args.out)
             print(
-                f"wrote {args.out}: {len(names)} files; upload it as the assignment's autograder (Ubuntu base image)."
+                f"wrote {args.out}: {len(names)} files; upload it as the assignment's autograder (Ubuntu 24.04 base image)."
             )
         else:
             placed = place(args.submission)
