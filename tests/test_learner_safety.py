@@ -236,10 +236,11 @@ def test_study_then_check_in_one_kernel(clone: Path) -> None:
 
 @pytest.mark.slow  # imports torch in a fresh process or two
 def test_check_survives_a_crash_and_stops_a_hang(clone: Path) -> None:
-    """A segfault or an endless loop in the learner's code ends the check, not the kernel or the worker."""
+    """A segfault or an endless loop in the learner's code ends the check, not the kernel or the worker; a dead worker is replaced."""
     done = python(
         clone,
         """
+        import os
         from pathlib import Path
         from kvcourse import check
         from kvcourse.course import feedback
@@ -254,16 +255,20 @@ def test_check_survives_a_crash_and_stops_a_hang(clone: Path) -> None:
         memory.write_text(good.replace(wrong, "return 2 * layers * _kv_width(config) * bytes_per_element"))
         check("0.1")
         print("same worker:", feedback._WORKER.process.pid == pid)
+        os.kill(pid, 9)  # the worker itself dies between two checks: the next one starts a new worker
+        check("0.1")
+        print("new worker:", feedback._WORKER.process.pid != pid)
         """,
         KVCOURSE_TEST_TIMEOUT_S="3",
     )
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
-    crash, hang, fixed = out.split("Running the tests of Exercise 0.1 ...")[1:]
+    crash, hang, fixed, restarted = out.split("Running the tests of Exercise 0.1 ...")[1:]
     assert "could not finish" in crash and "signal 11" in crash, crash
     assert "ran for more than 3 s and was stopped" in hang, hang
     assert "correct." in fixed, fixed
     assert "same worker: True" in out
+    assert "correct." in restarted and "new worker: True" in out, restarted
 
 
 def test_no_study_changes_the_environment() -> None:

@@ -27,17 +27,20 @@ def _grade(exercise_ids: list[str]) -> list[dict]:
 
     if sys.platform != "linux":  # fork after importing torch is only safe on Linux: a fresh Python per check
         return _grade_in_subprocess(exercise_ids)
-    from kvcourse.course.worker import Worker
+    from kvcourse.course.worker import Worker, WorkerError
 
     _WORKER = _WORKER or Worker()
-    answer = _WORKER.grade(exercise_ids, solutions=solutions_enabled())
+    try:
+        answer = _WORKER.grade(exercise_ids, solutions=solutions_enabled())
+    except WorkerError:  # it could not start, or died twice in a row: the slow way still answers
+        return _grade_in_subprocess(exercise_ids)
     if "error" in answer:
         raise CheckCrashed(answer["error"])
     return answer["results"]
 
 
 def _grade_in_subprocess(exercise_ids: list[str]) -> list[dict]:
-    """Run the grader in a fresh Python process (where fork does not exist)."""
+    """Run the grader in a fresh Python process (off Linux, or when the warm worker cannot start)."""
     command = [sys.executable, "-m", "kvcourse.grade", "--json", *exercise_ids]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     lines = done.stdout.strip().splitlines()
