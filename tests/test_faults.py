@@ -107,7 +107,7 @@ def _assert_settled(scheduler, manager, requests) -> None:
 # ----------------------------------------------------------------------------------------------- GPT-2 engine
 
 
-@settings(max_examples=24, deadline=None)
+@settings(max_examples=18, deadline=None)
 @given(at_step=st.integers(1, 19), phase=st.sampled_from(PHASES))
 def test_engine_fault_at_a_random_step_leaves_a_consistent_engine(model, expected, at_step, phase):
     engine = _tight_engine(model)
