@@ -328,8 +328,8 @@ class StallFreeScheduler:
     def _running(self, request_id: int) -> Request:
         """The running request a batch entry refers to (a clear error for a stale batch)."""
         # Exercise 2.5, the lookup: returns the running request with this id; for an id that is not
-        #   running (a stale batch, or a batch passed twice), a ValueError that names the request and
-        #   says to pass the batch of the latest schedule_next_batch(), once.
+        #   running (a stale batch, or a batch passed twice), a ValueError whose message names the
+        #   request, says it is "not running", and says to pass the latest schedule_next_batch(), once.
         # TODO: Exercise 2.5: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 2.5 (Take the step's results in): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._running."

@@ -392,8 +392,8 @@ class StallFreeScheduler:
     def _running(self, request_id: int) -> Request:
         """The running request a batch entry refers to (a clear error for a stale batch)."""
         # Exercise 2.5, the lookup: returns the running request with this id; for an id that is not
-        #   running (a stale batch, or a batch passed twice), a ValueError that names the request and
-        #   says to pass the batch of the latest schedule_next_batch(), once.
+        #   running (a stale batch, or a batch passed twice), a ValueError whose message names the
+        #   request, says it is "not running", and says to pass the latest schedule_next_batch(), once.
         # BEGIN SOLUTION 2.5
         try:
             return self.active_pool[request_id]
