@@ -30,9 +30,11 @@ from kvcourse.engine import hf_greedy
 from kvcourse.models import load_gpt2, load_tokenizer
 from kvcourse.serve import ServerThread, build_app
 from kvcourse.serve.__main__ import main as serve_main
+from kvcourse.serve.blocks import snapshot_from_json, snapshot_to_json
 from kvcourse.serve.detokenize import decode
 from kvcourse.serve.loadgen import format_summary, run_load, summarize
 from kvcourse.serve.metrics import parse_metrics
+from kvcourse.viz.widgets import render_html
 
 torch.set_num_threads(1)  # tiny matrices: one thread is faster on a shared 2-core machine
 NUM_BLOCKS, BLOCK_SIZE = 12, 16  # 192 token slots: 64 clients force queueing and preemption
@@ -175,6 +177,22 @@ def test_64_concurrent_streaming_clients_all_complete_exactly_and_leak_nothing(s
     assert after["kvcourse:num_preemptions_total"] >= 0 and "kvcourse:prefix_cache_hit_rate" in after
     state = health(server)
     print("free blocks after:", state["num_free_blocks"], "of", NUM_BLOCKS, "| preemptions:", state["num_preemptions"])
+
+
+@pytest.mark.usefixtures("slow_steps")
+def test_debug_blocks_shows_a_running_request_in_the_widget_snapshot(server):
+    body = {"model": "tiny", "prompt": [7] * 20, "max_tokens": 60, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=WAIT_S) as response:
+        lines = response.iter_lines()
+        request_id = int(json.loads(next(lines)[6:])["id"].removeprefix("cmpl-"))
+        data = httpx.get(server.url + "/debug/blocks", timeout=WAIT_S).json()
+    snap = snapshot_from_json(data)
+    assert snap.num_blocks == NUM_BLOCKS and snap.block_size == BLOCK_SIZE
+    assert len(snap.tables[request_id]) >= 2, "20 prompt tokens and more span at least two blocks of 16"
+    assert all(snap.blocks[b].state == "used" for b in snap.tables[request_id])
+    assert snapshot_from_json(snapshot_to_json(snap)) == snap
+    assert f'data-request-id="{request_id}"' in render_html(snap)
+    wait_until(lambda: all_blocks_free(server), "the request, abandoned, gives its blocks back")
 
 
 # ------------------------------------------------------------------------------- never leaks
