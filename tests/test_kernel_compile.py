@@ -168,6 +168,30 @@ def test_compile_errors_are_explained_with_the_line(tmp_path):
     assert "`offs_t = tl.arange(0, BLOCK_SIZE)`" in str(caught.value)
 
 
+MISTAKES = {  # a learner's likely slip -> (the edit to the reference, words the explanation must contain)
+    "break": (("        m_i = m_new\n", "        m_i = m_new\n        if i > 100:\n            break\n"), "`break`"),
+    "global": (('    m_i = float("-inf")\n', "    m_i = NEG_INF\n"), "pass `NEG_INF` as an argument"),
+    "shapes": (("tl.sum(k * q[None, :], axis=1)", "tl.sum(k * q[:, None], axis=1)"), "dimension 0: 16 vs 64"),
+    "typo": (("out = acc / l_i", "out = acc / l_total"), "`l_total` is used before it is assigned"),
+    "python math": (("alpha = tl.exp(m_i - m_new)", "alpha = math.exp(m_i - m_new)"), "use tl.exp"),
+    "list": (('    m_i = float("-inf")\n', "    m_i = [x for x in range(2)]\n"), "Python lists do not exist"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_common_mistakes_are_explained_in_words(tmp_path, mistake):
+    (old, new), words = MISTAKES[mistake]
+    source = (ROOT / "solutions" / "attention.py").read_text()
+    assert source.count(old) == 1
+    path = tmp_path / "attention_mistake.py"
+    path.write_text(source.replace(old, new).replace("import math\n", "import math\n\nNEG_INF = float('-inf')\n", 1))
+    with pytest.raises(KernelCompileError) as caught:
+        compile_decode_kernels(_load(path)._paged_decode_kernel, (90,), ("fp32",))
+    message = str(caught.value)
+    assert words in message, message
+    assert "attention_mistake.py, line " in message and "see the compiler's sentence" not in message
+
+
 def test_the_stub_is_reported_as_not_written():
     stub = _load(ROOT / "kvcourse" / "attention.py")  # the generated stub, loaded by path (no solutions switch)
     message = stub_message(stub._paged_decode_kernel)
