@@ -1,4 +1,8 @@
-"""The fast attention backend (kvcourse/backends/fast.py): same answers as the reference, token for token."""
+"""The fast attention backend (kvcourse/backends/fast.py): same answers as the reference, token for token.
+
+The engine runs "fast" by default (tests/test_engine.py covers it that way); here every engine-vs-HF
+case runs on both the fast backend and the learner's reference one.
+"""
 
 from __future__ import annotations
 
@@ -130,10 +134,11 @@ ENGINES = {
 }
 
 
+@pytest.mark.parametrize("backend", ["fast", "reference"])
 @pytest.mark.parametrize("case", list(ENGINES))
-def test_fast_engine_matches_hugging_face(model, expected, case):
+def test_engine_matches_hugging_face_on_each_backend(model, expected, case, backend):
     kwargs, prompts = ENGINES[case]
-    engine = LLMEngine(model, attention="fast", **kwargs)
+    engine = LLMEngine(model, attention=backend, **kwargs)
     assert engine.generate(prompts, NEW_TOKENS) == [expected[tuple(p)] for p in prompts]
     assert engine.stats.generated_tokens == len(prompts) * NEW_TOKENS
 
@@ -164,3 +169,22 @@ def test_runner_computes_logits_only_where_a_token_is_sampled(model):
     out = runner.execute([Seq(0, [5, 6, 7], 0, False), Seq(1, [8, 9], 0, True)], {0: [1], 1: [2]})
     assert list(out) == [1], "a prefill chunk short of its prompt's end samples nothing"
     assert out[1] == hf_greedy(model, [8, 9], 1)[0]
+
+
+def test_step_breakdown_splits_a_run_into_parts_that_sum_to_one(model):
+    import time
+
+    from kvcourse.bench.throughput import STEP_PARTS, step_breakdown
+
+    engine = LLMEngine(model, num_blocks=64, block_size=4, attention="fast")
+    for prompt in MIXED[:4]:
+        engine.add_request(prompt, 3)
+    start = time.perf_counter()
+    while engine.scheduler.has_unfinished_requests():
+        engine.step()
+    breakdown = step_breakdown(engine, time.perf_counter() - start)
+    assert tuple(breakdown["fractions"]) == STEP_PARTS
+    assert math.isclose(sum(breakdown["fractions"].values()), 1.0)
+    assert all(share >= 0 for share in breakdown["fractions"].values())
+    assert breakdown["seconds"]["forward"] > 0 and breakdown["seconds"]["attention"] > 0
+    assert breakdown["steps"] == engine.stats.iterations
