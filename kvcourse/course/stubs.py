@@ -264,6 +264,7 @@ def write_stubs(force: bool = False) -> int:
             print(f"up to date: {name}")
             continue
         edited = edited_exercises(current, stub, regions) if current is not None else []
+        edited.sort(key=lambda e: tuple(int(part) for part in e.split(".")))
         if edited and not force:
             refused += 1
             print(
