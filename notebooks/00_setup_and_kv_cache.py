@@ -110,7 +110,15 @@ print("\nfirst prompt's ids:", tokenizer.encode(LESSON_PROMPTS[0]))
 # token t   [ K (768) | V (768) ] [ K | V ]    ...    [ K | V ]      ← grows by one row per generated token
 # ```
 #
-# Hugging Face keeps exactly this while generating. Run the model on the first prompt and look:
+# Hugging Face keeps exactly this while generating. Before you look, **predict**: GPT-2 small has
+# 12 layers and a hidden size of 768, and this model runs in fp32 (4 bytes a number). How many bytes
+# does its cache hold per token? `answer("0.a", None)` asks; replace `None` with your number and run
+# it, then run the next cell to see. (Predictions are graded on the scoreboard beside the exercises.)
+
+# %%
+from kvcourse import answer, check
+
+answer("0.a", None)
 
 # %%
 import torch
@@ -132,8 +140,6 @@ print(f"bytes held for {ids.shape[1]} tokens in {keys.dtype}: {hf_bytes:,}  = {h
 # `bytes_per_element` is computed for you. GPT-2 small in fp16 should give 36,864 bytes.
 
 # %%
-from kvcourse import check
-
 check("0.1")
 
 # %% [markdown]
@@ -168,6 +174,13 @@ for name in GPT2_SIZES:
 
 # %%
 check("0.2")
+
+# %% [markdown]
+# Before the table below: GPT-2 XL stores 307,200 bytes per token in fp16. How many 1,024-token
+# sequences fit in 40 GiB if each reserves its whole length? Work it out, then run the table.
+
+# %%
+answer("0.b", None)
 
 # %%
 GiB = 2**30

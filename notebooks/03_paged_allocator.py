@@ -12,15 +12,17 @@
 # | layer | its one job | exercise |
 # |---|---|---|
 # | `FreeKVCacheBlockQueue` | the free blocks, in the order they will be reused: a doubly linked list | 3.1 |
-# | `BlockPool` | owns every `KVCacheBlock`; hands blocks out and takes them back | 3.2 |
-# | `KVCacheManager` | what the scheduler talks to: one **block table** per request | 3.3, 3.4 |
+# | `BlockPool` | owns every `KVCacheBlock`; hands blocks out, takes them back, adds holders | 3.2 |
+# | `KVCacheManager` | what the scheduler talks to: one **block table** per request, all-or-nothing `allocate_slots` | 3.3, 3.4 |
 #
 # Then you watch your allocator serve the source lesson's four prompts and a larger random workload in
 # a block-table widget, and you check that handing out a block costs the same whether the pool has a
 # thousand blocks or a million.
 #
 # Every exercise lives in `kvcourse/kv_cache.py`. After each one, run its `check(...)` cell;
-# `hint("3.1")` gives a nudge and `solution("3.1")` shows the reference if you are stuck.
+# each function's comment states its **contract** (what must hold when it returns), not the lines to write.
+# `hint("3.1")` gives a nudge, `hint("3.1", level=2)` the approach in words, and `solution("3.1")` the
+# reference code if you are stuck.
 
 # %%
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
@@ -54,7 +56,7 @@ import random
 
 import matplotlib.pyplot as plt
 
-from kvcourse import check, toy
+from kvcourse import answer, check, toy
 from kvcourse.kv_cache import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, KVCacheManager
 from kvcourse.models import LESSON_PROMPTS, load_tokenizer
 from kvcourse.request import Request
@@ -123,11 +125,13 @@ diagrams.free_queue_remove()
 # ### Exercise 3.1: a doubly linked free-block queue
 #
 # In `kvcourse/kv_cache.py`, fill in `FreeKVCacheBlockQueue.popleft`, `append` and `remove`. The
-# constructor and `get_all_free_blocks` are written for you; read them first. A block's pointers are
-# `None` exactly when it is not in the queue.
+# contract: each runs in O(1) (no walk), keeps the order of every other block in both directions, and
+# keeps `num_free_blocks` equal to the blocks in the queue; a block's pointers are `None` exactly
+# when it is not in the queue. The constructor and `get_all_free_blocks` are written for you; read
+# them first.
 #
 # The cell below takes block 0 from the front, revives block 3 from the middle, and frees block 0
-# again. With a correct queue the free blocks, front to back, are `[1, 2, 4, 0]`.
+# again: print the queue and check it against what you expect.
 
 # %%
 blocks = [KVCacheBlock(block_id=i) for i in range(5)]
@@ -149,10 +153,17 @@ check("3.1")
 # in lesson 04 several requests share one block and it climbs higher. A block goes back to the free
 # queue only when its last holder lets go.
 #
-# ### Exercise 3.2: hand blocks out, take them back
+# ### Exercise 3.2: hand blocks out, take them back, share them
 #
-# Fill in `BlockPool.get_new_blocks` (take from the front of the queue, one holder each) and
-# `BlockPool.free_blocks` (one holder less each; a block nobody holds goes to the back of the queue).
+# Fill in three methods of `BlockPool`; their comments give the contracts:
+#
+# * `get_new_blocks(n)`: the `n` blocks at the front of the queue, each with one holder. A free block
+#   may still carry an old prefix-cache entry (lesson 04), so every block handed out goes through
+#   `_maybe_evict_cached_block` first (it does nothing yet);
+# * `free_blocks(blocks)`: one holder less each; a block nobody holds joins the back of the queue;
+# * `touch(blocks)`: one holder more each, and a block that was free leaves the queue (lesson 04: a
+#   prefix hit, or a fork, shares a block).
+#
 # Asking for more blocks than are free, or freeing a block more often than it is held, is a bug in the
 # caller: the pool raises a `ValueError` that says so (already written for you).
 
@@ -189,27 +200,39 @@ check("3.2")
 #
 #     new blocks = ceil((num_computed_tokens + num_new_tokens) / block_size) - blocks held
 #
-# (never below 0). A request with 10 computed tokens in blocks of 4 holds 3 blocks, the last one half
-# full: its next two decode tokens need no new block; the third needs one. This is the exact count
-# that the source lesson's mock "simplified" away.
+# (never below 0). This is the exact count that the source lesson's mock "simplified" away.
 #
-# **All or nothing.** If the pool has fewer free blocks than that, `allocate_slots` returns `None` and
-# changes *nothing*: the scheduler relies on a failed call leaving no trace (it will preempt someone
-# and try again). Check first, then touch.
+# **All or nothing.** If the pool has fewer free blocks than the step needs, `allocate_slots` returns
+# `None` and changes *nothing*: the scheduler relies on a failed call leaving no trace (it will preempt
+# someone and try again).
 #
 # ### Exercise 3.3: `KVCacheManager.allocate_slots`
 #
-# Fill in `KVCacheManager._num_new_blocks` (the count, or `None` when the pool is short);
-# `allocate_slots` around it is written. Ignore `num_extra` and the prefix-cache arguments until
-# lesson 04: they are 0 and empty here.
+# This is the heart of the manager, and you write all of it: `_num_new_blocks` (the count, or `None`
+# when the pool is short) and `allocate_slots` itself. Its comment states the contract in full. In
+# short: the request's table ends up covering `num_computed_tokens + num_new_computed_tokens +
+# num_new_tokens` tokens, starting with the prefix-cache hits it was given (`new_computed_blocks`,
+# lesson 04: each gains a holder), and the call returns the blocks it took from the pool; or, when the
+# free blocks are too few for *everything* the step takes, it returns `None` and nothing has changed.
+# Two things only lesson 04 makes real are already in the contract, so that you write the function
+# once: a hit on a *free* block uses up a free block too, and a block shared with another table must be
+# copied before it is written (`_shared_blocks_to_write` and `_copy_on_write` find and make the copies;
+# until lesson 04 nothing is shared and they return `[]`). The graded tests hand your function prefix
+# hits directly, so they need nothing from lesson 04.
+#
+# Before you run the cell below, **predict**: a request holds 10 computed tokens in blocks of 4. How
+# many of its next 6 decode steps take a new block from the pool?
+
+# %%
+answer("3.a", None)
 
 # %%
 manager = KVCacheManager(num_blocks=6, block_size=4)
-request = Request(id=0, prompt_tokens=list(range(10)), max_new_tokens=4)
+request = Request(id=0, prompt_tokens=list(range(10)), max_new_tokens=6)
 new = manager.allocate_slots(request, 10)  # prefill: ceil(10 / 4) = 3 blocks
 request.num_computed_tokens = 10  # (the scheduler counts a chunk once it is scheduled)
 print(f"prefill 10 tokens   -> new blocks {new.get_block_ids()}, table {manager.get_block_ids(request)}")
-for _ in range(3):
+for _ in range(6):
     new = manager.allocate_slots(request, 1)  # one decode token
     request.num_computed_tokens += 1
     print(
@@ -334,14 +357,25 @@ BlockTableWidget(big_snapshots, step=busiest, interval_ms=300)
 #
 # An allocator runs in the scheduler's loop, every step, for every request: it must not slow down as
 # the cache grows. Yours does a constant amount of work per block: pop the front of a linked list,
-# bump a counter. A naive allocator that keeps a Python list of "is this block free?" flags and scans
-# it for the first free one does work proportional to the pool's size.
+# bump a counter. A naive allocator that scans a list of "is this block free?" flags does work
+# proportional to the pool's size. But O(1) allocation alone does not need a linked list: a plain
+# **stack** of free block ids (`list.pop()` to allocate, `list.append()` to free) is O(1) too, and
+# simpler. What the linked list buys is the third operation of section 2: taking a block out of the
+# **middle** of the free list (a prefix-cache hit on a free block, lesson 04) while every other free
+# block keeps its place in LRU order. A stack must search for the block (`list.remove`), and it reuses
+# the most recently freed block first, the cached prefix most likely to be wanted again.
 #
-# `kvcourse.bench.allocator` measures both on the same workload (a busy pool: all but 64 blocks held;
-# allocate 16 blocks, free them), side by side in one run, from 1,000 to 1,000,000 blocks. It is the
-# same study as `python -m kvcourse.bench allocator`, and it measures *your* `kvcourse/kv_cache.py`. Timings depend on the machine, so this
-# cell's numbers differ on yours; the *shape* is the lesson: flat for the paged pool, growing for the
-# scan.
+# `kvcourse.bench.allocator` measures, side by side in one run, from 1,000 to 1,000,000 blocks:
+# (1) allocate + free in a busy pool (all but 64 blocks held; allocate 16 blocks, free them) for your
+# pool, the stack and the naive scan; (2) a prefix hit on a free block in the middle of the list, for
+# your pool and the stack. It is the same study as `python -m kvcourse.bench allocator`, and it
+# measures *your* `kvcourse/kv_cache.py`. Timings depend on the machine; the *shape* is the lesson.
+#
+# Before you run it, **predict** workload (2): as the pool grows from a thousand to a million blocks,
+# whose cost per hit grows? (a) both, (b) only the stack's, (c) only the linked list's, (d) neither.
+
+# %%
+answer("3.b", None)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -356,15 +390,23 @@ with contextlib.redirect_stderr(io.StringIO()):  # no progress bars in the noteb
 print(report(result))
 
 sizes = [int(n) for n in result["per_block_us"]]
-fig, ax = plt.subplots(figsize=(6.5, 3.6))
-ax.plot(sizes, list(result["per_block_us"].values()), "o-", label="paged pool (your free-block queue)")
-ax.plot(sizes, list(result["naive_per_block_us"].values()), "s--", label="naive: scan a list of free flags")
-ax.set_xscale("log")
-ax.set_yscale("log")
-ax.set_xlabel("blocks in the pool")
-ax.set_ylabel("allocate + free (µs per block)")
-ax.set_title(f"1,000 → 1,000,000 blocks: paged ×{result['ratio']:.2f}, naive ×{result['naive_ratio']:.0f}", fontsize=10)
-ax.legend(fontsize=8)
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+left.plot(sizes, list(result["per_block_us"].values()), "o-", label="paged pool (your free-block queue)")
+left.plot(sizes, list(result["stack_per_block_us"].values()), "^-", label="stack: a list of free ids")
+left.plot(sizes, list(result["naive_per_block_us"].values()), "s--", label="naive: scan a list of free flags")
+left.set_ylabel("µs per block")
+left.set_title(f"(1) allocate + free: paged ×{result['ratio']:.2f}, stack ×{result['stack_ratio']:.2f}", fontsize=10)
+right.plot(sizes, list(result["hit_linked_us"].values()), "o-", label="linked list: unlink in O(1)")
+right.plot(sizes, list(result["hit_stack_us"].values()), "^-", label="stack: list.remove searches")
+right.set_title(
+    f"(2) prefix hit on a free block: linked ×{result['hit_linked_ratio']:.2f}, stack ×{result['hit_stack_ratio']:.0f}",
+    fontsize=10,
+)
+for ax in (left, right):
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("blocks in the pool")
+    ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
 
@@ -374,7 +416,8 @@ plt.show()
 # * Fixed-size blocks and a block table per request end external fragmentation and bound internal
 #   fragmentation by one partly filled block per request.
 # * The free-block queue is a doubly linked list through the blocks, so taking, returning and reviving
-#   a block are O(1): allocation cost does not grow with the cache.
+#   a block are O(1): allocation cost does not grow with the cache. A stack allocates in O(1) too; only
+#   the linked list also takes a block out of the middle in O(1) and keeps the rest in LRU order.
 # * `allocate_slots` is exact and all or nothing, so the scheduler's preemption logic from notebook 02
 #   works unchanged on real memory.
 #

@@ -14,12 +14,16 @@
 # | idea | where | exercise |
 # |---|---|---|
 # | the block hash chain: a name for "this prefix" | `hash_block_tokens`, `hash_request_tokens` | 4.1 |
-# | prefix-cache lookup | `BlockPool.get_cached_block`, `KVCacheManager.get_computed_blocks` | 4.2 |
-# | sharing a hit: one more holder | `BlockPool.touch` | 4.3 |
+# | hash once per request, extend as it grows | `KVCacheManager._block_hashes` | 4.2 |
+# | prefix-cache lookup | `BlockPool.get_cached_block`, `KVCacheManager.get_computed_blocks` | 4.3 |
 # | freed but not forgotten: LRU eviction | `BlockPool._maybe_evict_cached_block` | 4.4 |
 # | fork and copy-on-write for parallel sampling | `KVCacheManager.fork`, `_copy_on_write` | 4.5 |
+# | the copy-on-write decision | `KVCacheManager._shared_blocks_to_write` | 4.6 |
 #
-# All in `kvcourse/kv_cache.py`, where your lesson 03 code already lives. Then you measure what
+# All in `kvcourse/kv_cache.py`, where your lesson 03 code already lives: sharing a hit is your
+# `BlockPool.touch` (3.2) and your `allocate_slots` (3.3), whose contract already covers hits and
+# copies. Each comment states a contract; `hint(id)` nudges, `hint(id, level=2)` gives the approach,
+# `solution(id)` the code. Then you measure what
 # sharing buys: the prefix hit rate and the blocks saved on a workload where every request shares a
 # long system prompt, and the memory that parallel sampling saves with fork.
 
@@ -55,7 +59,7 @@ import random
 
 import matplotlib.pyplot as plt
 
-from kvcourse import check, toy
+from kvcourse import answer, check, toy
 from kvcourse.kv_cache import KVCacheManager, hash_block_tokens, hash_request_tokens
 from kvcourse.request import Request
 from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
@@ -128,7 +132,43 @@ print(
 check("4.1")
 
 # %% [markdown]
-# ## 3. Prefix-cache lookup (exercise 4.2)
+# ## 3. Hash once, extend as the request grows (exercise 4.2)
+#
+# A request's hashes are needed again and again: when it is admitted (to look its prefix up), when
+# its blocks fill (to publish them), and every time the scheduler tries to admit it again: after a
+# preemption, or while it waits for memory. Its tokens never change, only grow, so the hashes never
+# change either. Recomputing the chain on every call hashes the same prompt dozens of times under
+# memory pressure; vLLM computes a request's block hashes **once** and extends the list as the request
+# grows. `KVCacheManager._block_hashes(request)` is that list, kept per request (a preempted request
+# keeps it; a finished one drops it), and both the lookup and the publishing read it.
+#
+# ### Exercise 4.2: `KVCacheManager._block_hashes`
+#
+# The contract: the returned list equals `hash_request_tokens(block_size, request.all_token_ids)`,
+# and no block is ever hashed twice for the same request. The cell below lets a request grow and
+# counts the hash calls.
+
+# %%
+import kvcourse.kv_cache as kv_cache_module
+
+calls = []
+real_hash = kv_cache_module.hash_block_tokens
+kv_cache_module.hash_block_tokens = lambda parent, tokens: calls.append(1) or real_hash(parent, tokens)
+try:
+    manager = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
+    grower = Request(id=7, prompt_tokens=list(range(10)), max_new_tokens=8)
+    for _ in range(4):
+        chain = manager._block_hashes(grower)
+        print(f"{grower.num_tokens:>2} tokens: {len(chain)} full blocks hashed, {len(calls)} hash calls so far")
+        grower.output_tokens += [1, 2]  # two more tokens
+finally:
+    kv_cache_module.hash_block_tokens = real_hash
+
+# %%
+check("4.2")
+
+# %% [markdown]
+# ## 4. Prefix-cache lookup (exercise 4.3)
 #
 # With caching on (`KVCacheManager(..., enable_prefix_caching=True)`), a request's full blocks are
 # hashed and **published** in the pool's `cached_block_hash_to_block` as soon as `allocate_slots`
@@ -145,7 +185,13 @@ check("4.1")
 #   logits of the first output token, so the lookup stops at `num_tokens - 1` tokens. A prompt of
 #   exactly 16 tokens in blocks of 4 gets at most 3 blocks (12 tokens) from the cache.
 #
-# ### Exercise 4.2: `BlockPool.get_cached_block` and `KVCacheManager.get_computed_blocks`
+# ### Exercise 4.3: `BlockPool.get_cached_block` and `KVCacheManager.get_computed_blocks`
+#
+# Below, A (18 tokens) is admitted and its full blocks published; then four probes ask for hits.
+# Before you run it, **predict**: a probe with exactly A's 18 tokens finds how many cached tokens?
+
+# %%
+answer("4.a", None)
 
 # %%
 manager = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
@@ -164,20 +210,13 @@ for name, tokens in [
     hits, num_tokens = manager.get_computed_blocks(probe)
     print(f"{name:<22} ({len(tokens)} tokens): hits {hits.get_block_ids()} = {num_tokens} cached tokens")
 
-# %%
-check("4.2")
-
 # %% [markdown]
-# ## 4. Sharing a hit (exercise 4.3)
-#
-# The scheduler passes the hits back: `allocate_slots(request, num_new_tokens, num_new_computed_tokens,
-# new_computed_blocks)`. The hit blocks go at the front of the new request's table, and each gains a
-# holder through `BlockPool.touch`. One case needs care: a hit block may be **free** (its last holder
-# finished, but it still holds its tokens, see section 5). Then it is sitting in the free queue, and
-# must be taken out of it (from the middle: that is what exercise 3.1's `remove` is for) before
-# anything else could hand it out.
-#
-# ### Exercise 4.3: `BlockPool.touch`
+# **Sharing a hit.** The scheduler passes the hits back: `allocate_slots(request, num_new_tokens,
+# num_new_computed_tokens, new_computed_blocks)`. Your `allocate_slots` (3.3) puts them at the front of
+# the new request's table, and each gains a holder through your `BlockPool.touch` (3.2). One case needs
+# care: a hit block may be **free** (its last holder finished, but it still holds its tokens, see
+# section 5). Then it is sitting in the free queue, and must be taken out of it (from the middle: that
+# is what exercise 3.1's `remove` is for) before anything else could hand it out.
 #
 # Below, B arrives with A's 16-token prefix plus 8 tokens of its own. It reuses A's first four blocks;
 # the picture is the same widget as in notebook 03, on one snapshot: shared blocks are striped in
@@ -206,7 +245,8 @@ check("4.3")
 #
 # When a request finishes, its blocks go back to the free queue, but their contents are still there.
 # So a freed block **keeps its hash** and stays published: a later request with the same prefix can
-# revive it (a hit on a block with ref count 0, exercise 4.3). Free memory doubles as a cache, at no
+# revive it (a hit on a block with ref count 0: your `touch` takes it out of the free queue). Free
+# memory doubles as a cache, at no
 # cost.
 #
 # The block is only really lost when the pool hands it out for new tokens. That is the moment to
@@ -222,7 +262,9 @@ diagrams.eviction_order()
 # %% [markdown]
 # ### Exercise 4.4: `BlockPool._maybe_evict_cached_block`
 #
-# Called by `get_new_blocks` (your exercise 3.2) for every block it takes from the queue. Below, A and
+# Called by `get_new_blocks` (your exercise 3.2) for every block it takes from the queue. The contract:
+# afterwards no lookup finds the block under its old hash, and the block carries none, so that the
+# prefix can be published again by whichever block recomputes it. Below, A and
 # B finish; a newcomer C with unrelated tokens takes 7 blocks from the front of the queue, evicting
 # the cached blocks that were freed longest ago; then D, with A's prefix, still finds what survived. Step through it.
 
@@ -277,8 +319,22 @@ diagrams.copy_on_write()
 # %% [markdown]
 # ### Exercise 4.5: `KVCacheManager.fork` and `KVCacheManager._copy_on_write`
 #
-# `allocate_slots` already finds which blocks a step would write that another table also holds; you
-# write what happens to them. Below, a 10-token prompt (blocks of 4: two full, one half full) is
+# The contracts: after `fork`, the child has a table of its own listing the parent's blocks, each with
+# one more holder, and no block was taken. `_copy_on_write(table, indices)` replaces each listed block
+# of the table by a fresh one, drops this table's hold on the old one, and reports `(old id, new id)`
+# for the executor.
+
+# %%
+check("4.5")
+
+# %% [markdown]
+# ### Exercise 4.6: the copy-on-write decision
+#
+# Which blocks must a step copy? Your `allocate_slots` asks `_shared_blocks_to_write(request,
+# first_write, num_tokens)`: the indices of the blocks the table already holds that this step writes
+# into (positions `first_write` to `num_tokens - 1`) and that another table still holds. Full blocks
+# before the write stay shared for good; a block the step adds is new; a block that has only this
+# holder is written in place. Below, a 10-token prompt (blocks of 4: two full, one half full) is
 # forked into a child, then each writes one token.
 
 # %%
@@ -317,7 +373,7 @@ print(
 print("blocks in use:", manager.num_blocks - manager.get_num_free_blocks(), "(two separate requests would hold 6)")
 
 # %%
-check("4.5")
+check("4.6")
 
 
 # %% [markdown]
@@ -336,6 +392,12 @@ check("4.5")
 # * **prefill tokens computed**: the work the model did on prompts;
 # * **peak blocks**: the most blocks held at once, the memory the workload needed;
 # * **block-steps**: blocks held, summed over the steps (memory × time).
+#
+# Before you run it, **predict** the hit rate with caching on: (a) under 25%, (b) 25 to 50%, (c) 50 to
+# 75%, (d) over 75%.
+
+# %%
+answer("4.b", None)
 
 
 # %%
@@ -419,6 +481,19 @@ BlockTableWidget(shared_snapshots, step=most_shared, interval_ms=400)
 # diverge at once); without, four independent requests each hold a full copy. The helper checks that
 # copy-on-write is right the only way that matters: the samples' tokens are identical with and without
 # sharing (each sample's tokens are predicted from the context read back through its block table).
+#
+# Fork and copy-on-write are how the vLLM paper (and vLLM v0) share a prompt between samples. vLLM v1
+# does it differently: a request with `n = 4` becomes four child requests (`ParentRequest`) that share
+# the prompt's full blocks **through prefix caching**, your lessons 4.1 to 4.4, and nothing is copied;
+# each child holds (and computes) its own copy of the prompt's last, partial block.
+#
+# The paper measured what parallel sampling saves in KV memory: 6.1 to 9.8% on Alpaca and 16.2 to
+# 30.5% on ShareGPT (the 37.6 to 55.2% and 44.3 to 66.3% it reports are for *beam search*, which shares
+# more). Before you run the cell, **predict** our saving when each sample generates 128 tokens from
+# the 60-token prompt: (a) below the ShareGPT range, (b) within it, (c) above it.
+
+# %%
+answer("4.c", None)
 
 
 # %%
@@ -464,7 +539,8 @@ for num_new_tokens in lengths:
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.2))
 ax.plot(lengths, [100 * s for s in savings], "o-", label="fork + copy-on-write (this notebook)")
-ax.axhline(55, color="#e15759", linestyle="--", label="vLLM paper: up to 55%")
+ax.axhspan(16.2, 30.5, color="#e15759", alpha=0.2, label="vLLM paper, parallel sampling (ShareGPT)")
+ax.axhspan(6.1, 9.8, color="#4e79a7", alpha=0.2, label="vLLM paper, parallel sampling (Alpaca)")
 ax.set_xscale("log", base=2)
 ax.set_xticks(lengths, [str(n) for n in lengths])
 ax.set_xlabel("tokens generated per sample (prompt: 60 tokens, n = 4)")
@@ -477,9 +553,12 @@ plt.show()
 # %% [markdown]
 # Sharing saves what the samples have in common, the prompt, so the saving is largest when the prompt
 # is long compared with what each sample generates: here from nearly 60% for short completions down
-# to about 20% for long ones. The vLLM paper reports savings of up to 55% from this kind of sharing;
-# our numbers span the same range, and the trend is the point: shared memory is proportional to the
-# shared prefix.
+# to about 20% for long ones. The paper's parallel-sampling savings are lower (6.1 to 9.8% on Alpaca,
+# 16.2 to 30.5% on ShareGPT) because real completions are long compared with their prompts; the
+# trend is the point: shared memory is proportional to the shared prefix. The question to ask of
+# vLLM v1's design, which shares the prompt through the prefix cache instead of forking: what does it
+# give up (the prompt's partial last block is held once per sample) and what does it gain (no copies,
+# no copy-on-write bookkeeping, and the same code path as any other shared prefix)?
 #
 # ## What you built
 #

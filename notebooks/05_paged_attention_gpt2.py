@@ -86,6 +86,14 @@ print("CUDA available:", torch.cuda.is_available())
 # The picture shows one layer's cache seen from above (each cell is one token's `[n_head, head_dim]`
 # vectors) holding three requests. Their blocks are scattered, and that is fine: only the block
 # table knows the order. A request wastes at most the unused tail of its last block.
+#
+# Before you run the cell, **predict**: request B's block table is `[0, 5, 10]` and blocks hold 4
+# tokens. In which slot does B's token at position 6 live?
+
+# %%
+from kvcourse import answer
+
+answer("5.a", None)
 
 # %%
 block_size, num_blocks = 4, 12
@@ -179,6 +187,10 @@ check("5.2")
 # is a chunk of one; a fresh prompt is a chunk with no prefix.
 #
 # The picture shows which keys each query may see for a chunk of 4 tokens after a cached prefix of 6.
+# Before you run it, **predict**: how many keys may query 2 of that chunk see?
+
+# %%
+answer("5.b", None)
 
 # %%
 seq_len, chunk = 10, 4

@@ -121,7 +121,7 @@ class FreeKVCacheBlockQueue:
 
 
 # --------------------------------------------------------------------------------------------
-# The block pool (exercises 3.2, 4.2, 4.4)
+# The block pool (exercises 3.2, 4.3, 4.4)
 # --------------------------------------------------------------------------------------------
 
 
@@ -210,10 +210,10 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVCacheBlock | None:
         """The published block for this hash, only if it really holds these tokens (a collision never hits)."""
-        # Exercise 4.2 (contract): the block published under block_hash (cached_block_hash_to_block),
+        # Exercise 4.3 (contract): the block published under block_hash (cached_block_hash_to_block),
         # but only if it really caches these tokens (its token_ids); None for an unknown hash or for
         # a collision (same hash, other tokens).
-        # BEGIN SOLUTION 4.2
+        # BEGIN SOLUTION 4.3
         block = self.cached_block_hash_to_block.get(block_hash)
         if block is None or block.token_ids != tuple(token_ids):
             return None
@@ -435,12 +435,12 @@ class KVCacheManager:
         """Prefix-cache hits for a request being admitted: the cached blocks and the tokens they hold."""
         if not self.enable_prefix_caching:
             return KVCacheBlocks.empty(), 0
-        # Exercise 4.2 (contract): return (KVCacheBlocks(hits), tokens the hits hold), where the hits
+        # Exercise 4.3 (contract): return (KVCacheBlocks(hits), tokens the hits hold), where the hits
         # are the LONGEST run of the request's leading full blocks that the pool serves
         # (self.block_pool.get_cached_block), in order, stopping at the first miss. The block holding
         # token request.num_tokens - 1 is never a hit: the last token is always recomputed (its
         # logits give the next token). The hashes come from self._block_hashes(request).
-        # BEGIN SOLUTION 4.2
+        # BEGIN SOLUTION 4.3
         token_ids = request.all_token_ids
         num_lookup = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
@@ -459,11 +459,11 @@ class KVCacheManager:
         if known is None or known[0] is not request:  # a new request (or a new one reusing an id)
             known = self.req_to_block_hashes[request.id] = (request, [])
         hashes = known[1]
-        # Exercise 4.3 (contract): extend `hashes` IN PLACE so it holds hash_block_tokens' chain of every
+        # Exercise 4.2 (contract): extend `hashes` IN PLACE so it holds hash_block_tokens' chain of every
         # full block of request.all_token_ids (the same list hash_request_tokens would give), and
         # return it. Blocks hashed on an earlier call are never hashed again: a request that grows
         # by a token, or is preempted and admitted again, costs at most its new full blocks.
-        # BEGIN SOLUTION 4.3
+        # BEGIN SOLUTION 4.2
         token_ids = request.all_token_ids
         while (len(hashes) + 1) * self.block_size <= len(token_ids):
             start = len(hashes) * self.block_size

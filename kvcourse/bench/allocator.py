@@ -1,10 +1,18 @@
-"""Allocator study: allocate + free time per block as the pool grows from 1,000 to 1,000,000 blocks.
+"""Allocator study: why the free blocks live in a doubly linked list, measured from 1,000 to 1,000,000 blocks.
 
-The paged `BlockPool` (a doubly linked free-block queue) and a naive allocator (a Python list of
-free flags, searched from the start for every block) run the same workload, side by side in one
-run: a busy server, where running requests hold all but 64 blocks and each repetition allocates 16
-blocks and frees them again. The paged pool's cost per block should not depend on the pool's size
-(O(1)); the naive one grows with it (O(n)).
+Three allocators run the same workloads, side by side in one run:
+
+- the paged `BlockPool` (a doubly linked free-block queue through the blocks: O(1) everywhere);
+- a plain free-list STACK (a Python list of free block ids: pop to allocate, append to free), also
+  O(1) for allocate + free, and simpler;
+- a naive allocator (a list of free flags, searched from the start for every block: O(n)).
+
+Workload 1, allocate + free: a busy server, where running requests hold all but 64 blocks and each
+repetition allocates 16 blocks and frees them again. Workload 2 is what the linked list is for: a
+prefix-cache hit on a FREE block (lesson 04) takes that block out of the middle of the free list
+while every other free block keeps its place in LRU order. The linked list unlinks it in O(1); a
+stack must search for it (list.remove, O(n)), and it reuses the most recently freed block first
+(LIFO): the cached prefix most likely to be asked for again is the first one it overwrites.
 
     python -m kvcourse.bench allocator [--quick] [--json]      # measures YOUR kvcourse/kv_cache.py
     python -m kvcourse.bench allocator --reference             # measures the reference solutions/
@@ -32,6 +40,25 @@ PAGED_REPS = 250  # repetitions per timed measurement (a few milliseconds)
 def _rounds(quick: bool) -> tuple[int, int]:
     """Timed rounds for (paged, naive): the naive allocator is slow enough to need few."""
     return (15, 3) if quick else (40, 5)
+
+
+class StackAllocator:
+    """A plain free list used as a stack: O(1) allocate and free, but no O(1) removal from the middle."""
+
+    def __init__(self, num_blocks: int, num_free: int) -> None:
+        self.free_ids = list(range(num_blocks - num_free, num_blocks))  # the held ones are 0 .. n - num_free - 1
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Pop the most recently freed blocks (LIFO)."""
+        return [self.free_ids.pop() for _ in range(num_blocks)]
+
+    def free_blocks(self, blocks: Sequence[int]) -> None:
+        """Push the blocks back."""
+        self.free_ids.extend(blocks)
+
+    def touch(self, block_id: int) -> None:
+        """A prefix hit on a free block: find it in the list and take it out (a linear search)."""
+        self.free_ids.remove(block_id)
 
 
 class NaiveAllocator:
@@ -76,15 +103,71 @@ def _time_per_block(pool, reps: int) -> float:
     return elapsed / (reps * BATCH) * 1e6
 
 
+def _free_pool(kv_cache, num_blocks: int):
+    """A paged pool whose blocks are all free (an idle server whose free blocks still cache prefixes)."""
+    return kv_cache.BlockPool(num_blocks, enable_caching=False)
+
+
+def _middle_ids(num_blocks: int) -> list[int]:
+    """Block ids around the middle of the free list: the prefix hits of workload 2."""
+    middle = num_blocks // 2
+    return list(range(middle, middle + min(BATCH, num_blocks - middle)))
+
+
+def _time_hit_linked(pool, reps: int) -> float:
+    """Microseconds per hit: unlink a free block from the middle (touch), then free it again."""
+    blocks = [pool.blocks[i] for i in _middle_ids(pool.num_blocks)]
+    touch, free_blocks = pool.touch, pool.free_blocks
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(reps):
+            for block in blocks:
+                touch([block])
+                free_blocks([block])
+        elapsed = time.perf_counter() - start
+    finally:
+        gc.enable()
+    return elapsed / (reps * len(blocks)) * 1e6
+
+
+def _time_hit_stack(stack: StackAllocator, reps: int) -> float:
+    """Microseconds per hit for the stack: search the block out of the list, then push it back."""
+    ids = _middle_ids(len(stack.free_ids))
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(reps):
+            for block_id in ids:
+                stack.touch(block_id)
+                stack.free_blocks([block_id])
+        elapsed = time.perf_counter() - start
+    finally:
+        gc.enable()
+    return elapsed / (reps * len(ids)) * 1e6
+
+
 def _measure(
     make: Callable[[int], object], sizes: Sequence[int], reps: Callable[[int], int], rounds: int, desc: str
 ) -> dict[int, float]:
     """Best-of-`rounds` time per block at every size, sizes interleaved within each round."""
+    return _measure_with(make, _time_per_block, sizes, reps, rounds, desc)
+
+
+def _measure_with(
+    make: Callable[[int], object],
+    time_one: Callable[[object, int], float],
+    sizes: Sequence[int],
+    reps: Callable[[int], int],
+    rounds: int,
+    desc: str,
+) -> dict[int, float]:
+    """Best-of-`rounds` of `time_one` at every size, sizes interleaved within each round."""
     pools = {n: make(n) for n in progress(sizes, f"{desc}: building pools")}
     best = {n: float("inf") for n in sizes}
     for _ in progress(range(rounds), f"{desc}: timing"):
         for n in sizes:
-            best[n] = min(best[n], _time_per_block(pools[n], reps(n)))
+            best[n] = min(best[n], time_one(pools[n], reps(n)))
     return best
 
 
@@ -104,15 +187,36 @@ def run(quick: bool, _sizes: Sequence[int] = SIZES, *, reference: bool = False) 
         _rounds(quick)[1],
         "naive",
     )
+    stack = _measure(
+        lambda n: StackAllocator(n, min(FREE_WINDOW, n // 2)), _sizes, lambda n: PAGED_REPS, _rounds(quick)[0], "stack"
+    )
+    hit_linked = _measure_with(
+        lambda n: _free_pool(kv_cache, n), _time_hit_linked, _sizes, lambda n: 20, _rounds(quick)[0], "linked hits"
+    )
+    stack_budget = 2e6 if quick else 1e7  # list entries searched per timed measurement
+    hit_stack = _measure_with(
+        lambda n: StackAllocator(n, n),
+        _time_hit_stack,
+        _sizes,
+        lambda n: max(1, int(stack_budget // (n * BATCH))),
+        _rounds(quick)[1],
+        "stack hits",
+    )
     smallest, largest = min(_sizes), max(_sizes)
     return {
         "device": device_name(),
         "allocator": whose_code("kv_cache"),
         "quick": quick,
         "per_block_us": {str(n): round(paged[n], 4) for n in _sizes},
+        "stack_per_block_us": {str(n): round(stack[n], 4) for n in _sizes},
         "naive_per_block_us": {str(n): round(naive[n], 4) for n in _sizes},
+        "hit_linked_us": {str(n): round(hit_linked[n], 4) for n in _sizes},
+        "hit_stack_us": {str(n): round(hit_stack[n], 4) for n in _sizes},
         "ratio": round(paged[largest] / paged[smallest], 3),
+        "stack_ratio": round(stack[largest] / stack[smallest], 3),
         "naive_ratio": round(naive[largest] / naive[smallest], 3),
+        "hit_linked_ratio": round(hit_linked[largest] / hit_linked[smallest], 3),
+        "hit_stack_ratio": round(hit_stack[largest] / hit_stack[smallest], 3),
     }
 
 
@@ -121,18 +225,24 @@ def report(result: dict) -> str:
     sizes = list(result["per_block_us"])
     paged_rounds, naive_rounds = _rounds(result["quick"])
     lines = [
-        f"Allocator study on {result['device']}: allocate + free, microseconds per block",
-        f"measured: {result['allocator']}; naive: a list of free flags searched from the start",
-        f"workload: all but {FREE_WINDOW} blocks held; allocate {BATCH} blocks, free them; best of "
-        f"{paged_rounds} (paged) / {naive_rounds} (naive) rounds{' (--quick: fewer rounds, same sizes)' if result['quick'] else ''}",
-        f"{'blocks':>10}  {'paged (us)':>11}  {'naive (us)':>11}",
+        f"Allocator study on {result['device']}: microseconds per block (best of {paged_rounds} rounds for "
+        f"the O(1) ones, {naive_rounds} for the O(n) ones){' --quick' if result['quick'] else ''}",
+        f"measured: {result['allocator']}; stack: a Python list of free ids; naive: free flags scanned from the start",
+        f"1) allocate + free: all but {FREE_WINDOW} blocks held; allocate {BATCH} blocks, free them",
+        "2) prefix hit on a free block: take one from the middle of an all-free list, then free it",
+        f"{'blocks':>10}  {'1) paged':>9}  {'1) stack':>9}  {'1) naive':>9}  {'2) linked':>10}  {'2) stack':>9}",
     ]
     for n in sizes:
-        lines.append(f"{int(n):>10,}  {result['per_block_us'][n]:>11.3f}  {result['naive_per_block_us'][n]:>11.3f}")
+        lines.append(
+            f"{int(n):>10,}  {result['per_block_us'][n]:>9.3f}  {result['stack_per_block_us'][n]:>9.3f}  "
+            f"{result['naive_per_block_us'][n]:>9.3f}  {result['hit_linked_us'][n]:>10.3f}  "
+            f"{result['hit_stack_us'][n]:>9.3f}"
+        )
     verdict = "meets" if result["ratio"] <= GOAL_RATIO else "MISSES"
     lines.append(
-        f"ratio largest/smallest pool: paged {result['ratio']:.2f} ({verdict} the goal <= {GOAL_RATIO}), "
-        f"naive {result['naive_ratio']:.1f}"
+        f"ratio largest/smallest pool: 1) paged {result['ratio']:.2f} ({verdict} the goal <= {GOAL_RATIO}), "
+        f"stack {result['stack_ratio']:.2f}, naive {result['naive_ratio']:.1f}; "
+        f"2) linked {result['hit_linked_ratio']:.2f}, stack {result['hit_stack_ratio']:.1f}"
     )
     return "\n".join(lines)
 

@@ -170,19 +170,19 @@ _EXERCISES = [
     ),
     Exercise(
         id="4.2",
-        title="Prefix-cache lookup",
-        module="kv_cache",
-        minutes=15,
-        hint="A hit must mean the whole prefix up to it is cached; and one token must always be left to compute.",
-        approach="get_cached_block: dict lookup, then compare the block's token_ids with tuple(token_ids). get_computed_blocks: only the first (num_tokens - 1) // block_size hashes of _block_hashes(request) may hit; walk them, ask the pool for each with that block's tokens, stop at the first None.",
-    ),
-    Exercise(
-        id="4.3",
         title="Hash once, extend as the request grows",
         module="kv_cache",
         minutes=10,
         hint="The list you are given is the request's memory of what it already hashed: only the blocks after its end are new.",
         approach="While one more full block of request.all_token_ids fits after the hashes already known, hash it with the last known hash as parent (None for the first) and append it; return the list.",
+    ),
+    Exercise(
+        id="4.3",
+        title="Prefix-cache lookup",
+        module="kv_cache",
+        minutes=15,
+        hint="A hit must mean the whole prefix up to it is cached; and one token must always be left to compute.",
+        approach="get_cached_block: dict lookup, then compare the block's token_ids with tuple(token_ids). get_computed_blocks: only the first (num_tokens - 1) // block_size hashes of _block_hashes(request) may hit; walk them, ask the pool for each with that block's tokens, stop at the first None.",
     ),
     Exercise(
         id="4.4",

@@ -322,10 +322,8 @@ def test_can_allocate_agrees_with_allocate_slots():
 
 def freed_blocks(manager: KVCacheManager, num_blocks: int) -> list[KVCacheBlock]:
     """Blocks a finished request left behind: free (ref_cnt 0), usable as prefix hits."""
-    old = request(90, num_blocks * manager.block_size)
-    manager.allocate_slots(old, num_blocks * manager.block_size)
-    blocks = list(manager.get_blocks(old).blocks)
-    manager.free(old)
+    blocks = manager.block_pool.get_new_blocks(num_blocks)
+    manager.block_pool.free_blocks(reversed(blocks))  # as free() does: tail first
     return blocks
 
 

@@ -99,10 +99,10 @@ def test_hash_is_the_same_in_another_process():
     )
 
 
-# ---- 4.2 prefix-cache lookup -------------------------------------------------------------
+# ---- 4.3 prefix-cache lookup -------------------------------------------------------------
 
 
-@pytest.mark.ex4_2
+@pytest.mark.ex4_3
 def test_get_cached_block_confirms_the_tokens():
     pool = BlockPool(4, enable_caching=True)
     block = pool.get_new_blocks(1)[0]
@@ -114,7 +114,7 @@ def test_get_cached_block_confirms_the_tokens():
     assert pool.get_cached_block(b"hash-b", [1, 2]) is None, "an unknown hash should not be a hit"
 
 
-@pytest.mark.ex4_2
+@pytest.mark.ex4_3
 def test_second_request_hits_the_shared_prefix():
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     first = request(1, SYSTEM + [1, 2, 3])
@@ -127,7 +127,7 @@ def test_second_request_hits_the_shared_prefix():
     )
 
 
-@pytest.mark.ex4_2
+@pytest.mark.ex4_3
 def test_last_token_is_always_recomputed():
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     admit(manager, request(1, SYSTEM))
@@ -138,7 +138,7 @@ def test_last_token_is_always_recomputed():
     assert len(hits) == 2, "the number of hit blocks should match the tokens they hold"
 
 
-@pytest.mark.ex4_2
+@pytest.mark.ex4_3
 def test_lookup_stops_at_the_first_miss():
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     admit(manager, request(1, SYSTEM + [0]))
@@ -147,7 +147,7 @@ def test_lookup_stops_at_the_first_miss():
     assert num_tokens == 4, "after the first block that misses, nothing later may be a hit (its prefix differs)"
 
 
-@pytest.mark.ex4_2
+@pytest.mark.ex4_3
 def test_cached_blocks_after_a_miss_are_not_hits():
     manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     pool = manager.block_pool
@@ -161,7 +161,7 @@ def test_cached_blocks_after_a_miss_are_not_hits():
     )
 
 
-@pytest.mark.ex4_2
+@pytest.mark.ex4_3
 def test_no_hits_when_caching_is_off_or_cache_is_cold():
     cold = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     hits, num_tokens = cold.get_computed_blocks(request(1, SYSTEM))
@@ -173,7 +173,7 @@ def test_no_hits_when_caching_is_off_or_cache_is_cold():
     assert (len(hits), num_tokens) == (0, 0), "with prefix caching off there should never be a hit"
 
 
-@pytest.mark.ex4_2
+@pytest.mark.ex4_3
 def test_hash_collision_is_not_a_hit(monkeypatch):
     monkeypatch.setattr(kv_cache, "hash_block_tokens", lambda parent, tokens: b"always-the-same")
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
@@ -182,7 +182,7 @@ def test_hash_collision_is_not_a_hit(monkeypatch):
     assert num_tokens == 0, "when two different blocks share a hash, the lookup must check the tokens and miss"
 
 
-# ---- 4.3 hash once, extend as the request grows ---------------------------------------------------------------------
+# ---- 4.3 prefix-cache lookup: sharing the hits ---------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -199,7 +199,7 @@ def count_hashes(monkeypatch):
     return calls
 
 
-@pytest.mark.ex4_3
+@pytest.mark.ex4_2
 def test_chain_is_the_request_chain_as_it_grows():
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     req = request(1, SYSTEM + [1, 2])
@@ -212,31 +212,32 @@ def test_chain_is_the_request_chain_as_it_grows():
     )
 
 
-@pytest.mark.ex4_3
+@pytest.mark.ex4_2
 def test_each_block_is_hashed_once(count_hashes):
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     req = request(1, SYSTEM + [1, 2])
     for _ in range(3):
-        manager.get_computed_blocks(req)
+        manager._block_hashes(req)
     assert len(count_hashes) == 3, (
-        f"three lookups of a 3-block prompt made {len(count_hashes)} hash calls: hash each full block once "
+        f"three calls for a 3-block prompt made {len(count_hashes)} hash calls: hash each full block once "
         "per request and keep the chain (vLLM extends it as the request grows)"
     )
-    admit(manager, req)
+    manager.allocate_slots(req, req.num_tokens)  # admission publishes the full blocks: no new hash
+    req.num_computed_tokens = req.num_tokens
     req.output_tokens += [3, 4]
     manager.allocate_slots(req, 2)
     assert len(count_hashes) == 4, "growing by one full block should cost exactly one more hash"
 
 
-@pytest.mark.ex4_3
+@pytest.mark.ex4_2
 def test_a_preempted_request_is_not_hashed_again(count_hashes):
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     req = request(1, SYSTEM + [1])
-    admit(manager, req)
+    manager.allocate_slots(req, req.num_tokens)
     manager.free(req)  # preempted: blocks back, request not complete
-    req.num_computed_tokens = 0
-    assert admit(manager, req) == 12, "a preempted request should hit its own freed blocks when admitted again"
+    manager.allocate_slots(req, req.num_tokens)  # admitted again (recompute)
     assert len(count_hashes) == 3, "re-admitting a preempted request should reuse its hashes, not recompute them"
+    assert manager._block_hashes(req) == hash_request_tokens(4, req.all_token_ids), "the chain should still be right"
 
 
 @pytest.mark.ex4_3
@@ -403,6 +404,21 @@ def test_only_shared_blocks_that_are_written_are_copied():
     assert manager._shared_blocks_to_write(child, 3, 7) == [0, 1], (
         "a write that starts inside block 0 and ends inside block 1 touches both shared blocks"
     )
+
+
+@pytest.mark.ex4_6
+def test_a_block_already_copied_is_not_copied_again():
+    manager = KVCacheManager(num_blocks=8, block_size=4)
+    parent, child = forked_pair(manager, 6)
+    assert manager.allocate_slots(child, 1) is not None, "the child's first write should succeed"
+    child.num_computed_tokens = 7
+    manager.take_pending_copies()
+    free_before = manager.get_num_free_blocks()
+    assert manager.allocate_slots(child, 1) is not None, "the child's second write should succeed"
+    assert manager.take_pending_copies() == [], (
+        "the child's last block is its own after the first copy (ref_cnt 1): writing into it again needs no copy"
+    )
+    assert manager.get_num_free_blocks() == free_before, "a write into a private block takes no block"
 
 
 @pytest.mark.ex4_6

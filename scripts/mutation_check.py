@@ -1,0 +1,254 @@
+"""Mutation check: every exercise's graded tests must catch realistic bugs in that exercise's own code.
+
+Each mutant is one small edit to a reference region in solutions/ (a bug a learner could plausibly
+write). It is applied to a temporary copy of the checkout, never to the working tree; then only that
+exercise's graded tests run there (pytest -m exN_M) against the mutated reference. A mutant that
+passes its own exercise's tests "survives": the tests have a gap. The table lists every mutant;
+the exit status is 1 if any survives, if a mutant no longer matches its region (the reference
+moved: update the pattern), or if the unmutated copy fails its own tests.
+
+    python scripts/mutation_check.py              # all mutants, two at a time
+    python scripts/mutation_check.py --only 3.3   # one exercise's mutants
+    python scripts/mutation_check.py --list       # the mutants, without running them
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvcourse.course.exercises import EXERCISES  # noqa: E402
+from kvcourse.course.stubs import BEGIN_MARK, END_MARK  # noqa: E402
+
+COPIED = ("kvcourse", "solutions", "tests", "conftest.py", "pyproject.toml", "notebooks/sanitize.cfg")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One realistic bug: replace `old` by `new` inside the regions of exercise `exercise`."""
+
+    exercise: str
+    description: str
+    old: str
+    new: str
+
+
+# fmt: off
+MUTANTS = [
+    # ---- 0.x memory arithmetic ----
+    Mutant("0.1", "counts keys only, not values", "return 2 * layers *", "return layers *"),
+    Mutant("0.1", "caches every query head (ignores grouped-query attention)",
+           "_kv_width(config)", "(getattr(config, 'hidden_size', None) or config.n_embd)"),
+    Mutant("0.2", "rounds a partial sequence up", "memory_bytes // (seq_len * bytes_per_token)",
+           "-(-memory_bytes // (seq_len * bytes_per_token))"),
+    Mutant("0.2", "rounds to the nearest sequence", "memory_bytes // (seq_len * bytes_per_token)",
+           "round(memory_bytes / (seq_len * bytes_per_token))"),
+    # ---- 3.x the allocator ----
+    Mutant("3.1", "remove forgets to clear the block's pointers",
+           "        block.prev_free_block = None\n        block.next_free_block = None\n", ""),
+    Mutant("3.1", "append forgets the tail sentinel's back pointer",
+           "        self.fake_tail.prev_free_block = block\n", ""),
+    Mutant("3.1", "remove forgets to count the block out", "        self.num_free_blocks -= 1\n", ""),
+    Mutant("3.2", "handing out a block keeps its stale hash", "            self._maybe_evict_cached_block(block)\n", ""),
+    Mutant("3.2", "a freed block is queued while another request still holds it",
+           "if block.ref_cnt == 0:\n                self.free_block_queue.append", "if block.ref_cnt <= 1:\n                self.free_block_queue.append"),
+    Mutant("3.2", "touch leaves a free block in the free queue",
+           "            if block.ref_cnt == 0:\n                self.free_block_queue.remove(block)\n", ""),
+    Mutant("3.3", "a hit on a free block is not counted against the free blocks",
+           "num_extra = len(to_copy) + sum(1 for block in hits if block.ref_cnt == 0)", "num_extra = len(to_copy)"),
+    Mutant("3.3", "rounds the blocks needed down", "blocks_needed(num_tokens, self.block_size)",
+           "num_tokens // self.block_size"),
+    Mutant("3.3", "forgets the prefix-hit tokens when sizing the table",
+           "first_write = request.num_computed_tokens + num_new_computed_tokens",
+           "first_write = request.num_computed_tokens"),
+    Mutant("3.4", "frees the head first", "self.block_pool.free_blocks(reversed(blocks))",
+           "self.block_pool.free_blocks(blocks)"),
+    Mutant("3.4", "keeps the freed table (a second free double-frees)", "self.req_to_blocks.pop(request.id, [])",
+           "self.req_to_blocks.get(request.id, [])"),
+    # ---- 4.x sharing ----
+    Mutant("4.1", "uses Python's per-process hash()", "hashlib.sha256(payload).digest()", "hash(payload)"),
+    Mutant("4.1", "ignores the parent block", "repr((parent_block_hash, [int(token) for token in token_ids]))",
+           "repr([int(token) for token in token_ids])"),
+    Mutant("4.1", "chains every block to None", "parent = hashes[-1] if hashes else None", "parent = None"),
+    Mutant("4.3", "trusts the hash without checking the tokens",
+           "if block is None or block.token_ids != tuple(token_ids):", "if block is None:"),
+    Mutant("4.3", "skips a miss instead of stopping", "            if block is None:\n                break",
+           "            if block is None:\n                continue"),
+    Mutant("4.3", "lets the last token's block hit", "num_lookup = (request.num_tokens - 1) // self.block_size",
+           "num_lookup = request.num_tokens // self.block_size"),
+    Mutant("4.2", "rehashes the whole request on every call",
+           "        token_ids = request.all_token_ids\n        while",
+           "        token_ids = request.all_token_ids\n        hashes.clear()\n        while"),
+    Mutant("4.2", "chains new blocks to the first block", "parent = hashes[-1] if hashes else None",
+           "parent = hashes[0] if hashes else None"),
+    Mutant("4.4", "forgets the hash-map entry", "        del self.cached_block_hash_to_block[block.block_hash]\n", ""),
+    Mutant("4.4", "keeps the block's old hash", "        block.block_hash = None\n", ""),
+    Mutant("4.5", "the child's table is the parent's list", "self.req_to_blocks[child.id] = list(blocks)",
+           "self.req_to_blocks[child.id] = blocks"),
+    Mutant("4.5", "fork adds no holder", "        self.block_pool.touch(blocks)\n", ""),
+    Mutant("4.5", "the copied block keeps this holder", "            self.block_pool.free_blocks([src])\n", ""),
+    Mutant("4.6", "copies shared blocks before the write too", "range(first_write // self.block_size, last)",
+           "range(0, last)"),
+    Mutant("4.6", "misses the partial block the write lands in",
+           "last = min(len(req_blocks), blocks_needed(num_tokens, self.block_size))",
+           "last = min(len(req_blocks), num_tokens // self.block_size)"),
+    Mutant("4.6", "copies blocks nobody else holds", "if req_blocks[i].ref_cnt > 1]", "if req_blocks[i].ref_cnt >= 1]"),
+    # ---- 5.1-5.3 paged attention ----
+    Mutant("5.1", "writes the keys into the value cache", "value_cache.view(-1, *value_cache.shape[2:])[slots] = value.to(",
+           "value_cache.view(-1, *value_cache.shape[2:])[slots] = key.to("),
+    Mutant("5.1", "writes into a copy of the cache", "key_cache.view(-1, *key_cache.shape[2:])[slots] =",
+           "key_cache.clone().view(-1, *key_cache.shape[2:])[slots] ="),
+    Mutant("5.2", "keeps the padding of the last block", "return blocks.reshape(-1, *cache.shape[2:])[:seq_len]",
+           "return blocks.reshape(-1, *cache.shape[2:])"),
+    Mutant("5.2", "forgets the scale", 'torch.einsum("hd,shd->hs", query[b].float(), keys) * scale',
+           'torch.einsum("hd,shd->hs", query[b].float(), keys)'),
+    Mutant("5.2", "softmax over the heads", "weights = torch.softmax(scores, dim=-1)\n        out[b]",
+           "weights = torch.softmax(scores, dim=0)\n        out[b]"),
+    Mutant("5.3", "a query may not see itself", "future = key_pos[None, :] > query_pos[:, None]",
+           "future = key_pos[None, :] >= query_pos[:, None]"),
+    Mutant("5.3", "chunk positions start at 0", "torch.arange(seq_len - chunk_len, seq_len, device=query.device)",
+           "torch.arange(0, chunk_len, device=query.device)"),
+]
+# fmt: on
+
+
+def regions(source: str, exercise_id: str) -> list[tuple[int, int]]:
+    """(start, end) character spans of the exercise's BEGIN/END regions in a solution file."""
+    pattern = re.compile(
+        rf"^[ \t]*{re.escape(BEGIN_MARK)} {re.escape(exercise_id)}[ \t]*\n(.*?)^[ \t]*{END_MARK}", re.S | re.M
+    )
+    return [match.span(1) for match in pattern.finditer(source)]
+
+
+def apply(mutant: Mutant, source: str) -> str:
+    """The source with the mutant applied inside its exercise's regions (ValueError if it does not match once)."""
+    spans = regions(source, mutant.exercise)
+    hits = [(start, end, source[start:end].count(mutant.old)) for start, end in spans]
+    total = sum(count for _, _, count in hits)
+    if total != 1:
+        raise ValueError(
+            f"pattern found {total} times in the regions of {mutant.exercise} (expected once): {mutant.old!r}"
+        )
+    start, end, _ = next(hit for hit in hits if hit[2])
+    return source[:start] + source[start:end].replace(mutant.old, mutant.new) + source[end:]
+
+
+def test_file(exercise_id: str) -> str:
+    """The graded test file of an exercise's notebook (tests/exercises/test_ex<major>_*.py)."""
+    major = exercise_id.split(".")[0]
+    (path,) = (ROOT / "tests" / "exercises").glob(f"test_ex{major}_*.py")
+    return str(path.relative_to(ROOT))
+
+
+def copy_checkout(dest: Path) -> None:
+    """A private copy of what the graded tests import (the working tree is never edited)."""
+    for name in COPIED:
+        src, dst = ROOT / name, dest / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, dst)
+
+
+def run_tests(workdir: Path, exercise_id: str) -> subprocess.CompletedProcess:
+    """That exercise's graded tests against the (mutated) reference in `workdir`."""
+    env = dict(os.environ, KVCOURSE_SOLUTIONS="1", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-m", EXERCISES[exercise_id].marker]
+    return subprocess.run(
+        [*command, test_file(exercise_id)], cwd=workdir, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def first_failure(output: str) -> str:
+    """The name of the first failing test, for the table."""
+    match = re.search(r"^FAILED \S+::(\S+)", output, re.M) or re.search(r"^ERROR \S+::(\S+)", output, re.M)
+    return match.group(1) if match else ""
+
+
+def check_mutant(mutant: Mutant) -> tuple[Mutant, str, str]:
+    """Apply one mutant in a fresh copy and run its exercise's tests: ('caught' | 'SURVIVED' | 'STALE', detail)."""
+    module = EXERCISES[mutant.exercise].module
+    with tempfile.TemporaryDirectory(prefix="kvcourse-mutant-") as tmp:
+        workdir = Path(tmp)
+        copy_checkout(workdir)
+        target = workdir / "solutions" / f"{module}.py"
+        try:
+            target.write_text(apply(mutant, target.read_text()))
+        except ValueError as error:
+            return mutant, "STALE", str(error)
+        done = run_tests(workdir, mutant.exercise)
+    if done.returncode == 1:
+        return mutant, "caught", first_failure(done.stdout)
+    if done.returncode == 0:
+        return mutant, "SURVIVED", "every test of the exercise passed"
+    return mutant, "ERROR", f"pytest exit {done.returncode}: {done.stdout[-300:]}{done.stderr[-300:]}"
+
+
+def baseline(exercise_ids: list[str]) -> str:
+    """The failures of the exercises' graded tests on the UNMUTATED copy, in one run ('' when all pass)."""
+    with tempfile.TemporaryDirectory(prefix="kvcourse-mutant-") as tmp:
+        copy_checkout(Path(tmp))
+        env = dict(os.environ, KVCOURSE_SOLUTIONS="1", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+        markers = " or ".join(EXERCISES[i].marker for i in exercise_ids)
+        files = sorted({test_file(i) for i in exercise_ids})
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-m", markers, *files]
+        done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    return "" if done.returncode == 0 else done.stdout[-2000:] + done.stderr[-1000:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the mutants (two at a time), print the table, exit 1 on any survivor, stale pattern or error."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="exercise id(s) to check, e.g. --only 3.3")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (default 2)")
+    args = parser.parse_args(argv)
+    mutants = [m for m in MUTANTS if not args.only or m.exercise in args.only]
+    unknown = sorted({m.exercise for m in mutants} - set(EXERCISES))
+    if unknown:
+        print(f"mutants name unknown exercises {unknown}: update MUTANTS in {Path(__file__).name}.")
+        return 1
+    if args.list:
+        for m in mutants:
+            print(f"{m.exercise:>4}  {m.description}")
+        return 0
+    start = time.perf_counter()
+    exercise_ids = sorted({m.exercise for m in mutants}, key=lambda i: tuple(map(int, i.split("."))))
+    broken = baseline(exercise_ids)
+    if broken:
+        print(f"the unmutated reference fails its own graded tests; fix that first:\n{broken}")
+        return 1
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(check_mutant, mutants))
+    print(f"{'exercise':<9} {'mutant':<58} {'result':<9} caught by")
+    for mutant, verdict, detail in results:
+        print(f"{mutant.exercise:<9} {mutant.description[:58]:<58} {verdict:<9} {detail}")
+    bad = [r for r in results if r[1] != "caught"]
+    missing = sorted(
+        (eid for eid in EXERCISES if sum(m.exercise == eid for m in MUTANTS) < 2),
+        key=lambda i: tuple(map(int, i.split("."))),
+    )
+    print(
+        f"\n{len(results) - len(bad)} of {len(results)} mutants caught by their own exercise's tests "
+        f"in {time.perf_counter() - start:.0f} s."
+    )
+    if missing and not args.only:
+        print(f"exercises with fewer than two mutants: {', '.join(missing)}")
+    return 1 if bad or (missing and not args.only) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
