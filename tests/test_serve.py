@@ -337,6 +337,38 @@ def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(eos_case
     assert health(server)["status"] == "ok"
 
 
+def test_a_fault_mid_stream_reaches_the_openai_client_as_an_error(eos_case):
+    server, prompt, _, _ = eos_case
+    runner = server.engine_loop.engine.runner
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
+
+    def broken_execute(*args, **kwargs):
+        del runner.execute
+        raise RuntimeError("simulated device fault")
+
+    runner.execute = broken_execute
+    with pytest.raises(openai.APIError, match="simulated device fault"):
+        list(client.completions.create(model="tiny", prompt=prompt, max_tokens=5, stream=True))
+    wait_until(lambda: all_blocks_free(server), "the failed request's blocks are free")
+
+
+def test_a_crashed_engine_loop_answers_503_instead_of_hanging(model):
+    with ServerThread(build_app(model, num_blocks=16, model_name="tiny")) as server:
+        engine_loop = server.engine_loop
+
+        def crash() -> None:
+            raise RuntimeError("a bug in the loop itself")
+
+        engine_loop._deliver = crash  # the next cycle dies
+        body = {"prompt": "Hi", "max_tokens": 2}
+        first = httpx.post(server.url + "/v1/completions", json=body, timeout=WAIT_S)
+        assert first.status_code in (500, 503)
+        wait_until(lambda: not engine_loop.alive, "the loop thread has ended")
+        assert httpx.get(server.url + "/health", timeout=WAIT_S).status_code == 503
+        again = httpx.post(server.url + "/v1/completions", json=body, timeout=WAIT_S)
+        assert again.status_code == 503 and "restart the server" in again.json()["error"]["message"]
+
+
 # ------------------------------------------------------------------------------- the command line
 def test_command_line_refuses_a_bad_cache_in_words(capsys):
     assert serve_main(["--model", "tiny", "--num-blocks", "0"]) == 2

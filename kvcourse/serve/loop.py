@@ -9,6 +9,7 @@ sampled tokens to that request's stream, which its handler reads in the event lo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -91,10 +92,11 @@ class EngineLoop:
         self.engine = engine
         self.metrics = metrics or ServerMetrics()
         self.state = EngineState()
-        self._inbox: list[Callable[[], None]] = []
+        self._inbox: list[Any] = []  # commands: functions with a .future
         self._wakeup = threading.Condition()
         self._tracked: dict[int, _Tracked] = {}
         self._stopping = False
+        self._refusal = "the server is shutting down: retry against a running server."  # what call() says then
         self._steps = 0
         self._last_error: str | None = None
         self.on_step: Callable[[Any], None] | None = None  # called in the engine thread after each step
@@ -131,9 +133,11 @@ class EngineLoop:
                 except BaseException as exc:
                     future.set_exception(exc)
 
+        command.future = future  # so a loop that dies can fail what it never ran
+
         with self._wakeup:
             if self._stopping:
-                future.set_exception(RuntimeError("the server is shutting down: retry against a running server."))
+                future.set_exception(RuntimeError(self._refusal))
                 return future
             self._inbox.append(command)
             self._wakeup.notify()
@@ -177,10 +181,28 @@ class EngineLoop:
                 self._publish()  # before delivering: a client that got its last token sees the cache as it is
                 self._deliver()
                 self._publish()
+        except Exception as exc:  # a bug in the loop itself: say so (503) rather than hang every client
+            log.exception("the engine loop crashed; the server answers 503 from now on")
+            self._refusal = f"the engine loop stopped after an error ({type(exc).__name__}: {exc}): restart the server."
         finally:
-            for rid in list(self._tracked):
-                self._abort(rid, "abort", "the server stopped before this request finished.")
+            with self._wakeup:
+                self._stopping = True  # from now on call() refuses at once instead of waiting forever
+                orphans, self._inbox = self._inbox, []
+            for command in orphans:
+                command.future.set_exception(RuntimeError(self._refusal))
+            self._close_all("the server stopped before this request finished.")
+
+    def _close_all(self, why: str) -> None:
+        """The loop is ending: every request in flight ends (aborted), best effort, then the state says so."""
+        for rid in list(self._tracked):
+            try:
+                self._abort(rid, "abort", why)
+            except Exception:
+                log.exception("could not abort request %s while stopping", rid)
+        try:
             self._publish(alive=False)
+        except Exception:
+            self.state = dataclasses.replace(self.state, loop_alive=False)
 
     def _call_on_step(self) -> None:
         """The observer hook (a notebook recording snapshots); its errors are logged, never fatal."""
