@@ -76,9 +76,10 @@ def write_to_cache(
             f"key and value must be [T, H, D] and slot_mapping [T]; got {tuple(key.shape)}, "
             f"{tuple(value.shape)} and {tuple(slot_mapping.shape)}."
         )
-    # Exercise 5.1: token t goes to slot slot_mapping[t] = block_id * block_size + offset.
-    # View each cache as one long row of slots, [num_blocks * block_size, H, D], and write the
-    # keys and values there in place (the caches must change, not a copy of them).
+    # Exercise 5.1 (contract): afterwards, for every t, the cache entry at slot slot_mapping[t]
+    # (slot = block_id * block_size + offset) holds key[t] in key_cache and value[t] in value_cache,
+    # in the cache's dtype; every other slot is unchanged. The caches change IN PLACE: callers keep
+    # their references, so writing into a copy is lost.
     # BEGIN SOLUTION 5.1
     slots = slot_mapping.long()
     key_cache.view(-1, *key_cache.shape[2:])[slots] = key.to(key_cache.dtype)
@@ -88,9 +89,9 @@ def write_to_cache(
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Read one sequence's tokens back in order, [seq_len, H, D]: the inverse of write_to_cache."""
-    # Exercise 5.2 (part 1): take the first ceil(seq_len / block_size) block ids of the row,
-    # index the cache with them ([n, block_size, H, D]), flatten the blocks into one run of
-    # tokens and keep the first seq_len.
+    # Exercise 5.2 (part 1, contract): return [seq_len, H, D] whose row p is the entry the sequence
+    # wrote for position p (logical block p // block_size of block_table, offset p % block_size).
+    # Only the first ceil(seq_len / block_size) entries of block_table are valid (the rest is padding).
     # BEGIN SOLUTION 5.2
     num_blocks = math.ceil(seq_len / cache.shape[1])
     blocks = cache[block_table[:num_blocks].long()]
@@ -110,9 +111,9 @@ def paged_decode_attention(
     _check_decode_args(query, key_cache, value_cache, block_tables, seq_lens)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     out = torch.empty_like(query)
-    # Exercise 5.2 (part 2): for each sequence b, gather its keys and values with gather_kv,
-    # score the query against every key (per head), softmax over the keys, and weight the values.
-    # Compute in float32 and store in out[b] (out has the query's dtype).
+    # Exercise 5.2 (part 2, contract): out[b] equals scaled dot-product attention of query[b] (one
+    # token, per head) over the first seq_lens[b] keys and values of sequence b, read through its
+    # block table (gather_kv), with the given scale; computed in float32, stored in out's dtype.
     # BEGIN SOLUTION 5.2
     for b in range(query.shape[0]):
         seq_len = int(seq_lens[b])
@@ -171,9 +172,10 @@ def _chunk_attention(
     scale: float,
 ) -> torch.Tensor:
     """One sequence's chunk of L queries (its last L tokens) over its seq_len cached tokens, causally."""
-    # Exercise 5.3: gather the sequence's keys and values (gather_kv). Query i is at position
-    # seq_len - L + i and may see keys at positions 0 .. that position (itself included): mask the
-    # later ones with -inf before the softmax. Compute in float32; return [L, H, D] in query's dtype.
+    # Exercise 5.3 (contract): return [L, H, D] in query's dtype where row i is attention (float32,
+    # the given scale) of query i over the sequence's cached keys and values at positions 0 .. its
+    # own position seq_len - L + i, itself included, and none after it (the query is the
+    # sequence's LAST L tokens).
     # BEGIN SOLUTION 5.3
     chunk_len = query.shape[0]
     keys = gather_kv(key_cache, block_table, seq_len).float()  # [S, H, D]

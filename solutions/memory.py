@@ -17,8 +17,10 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """Bytes of K and V one token occupies across all layers (GPT-2 small, fp16: 36,864)."""
     layers = getattr(config, "num_hidden_layers", None) or config.n_layer
     bytes_per_element = torch.empty((), dtype=dtype).element_size()
-    # Exercise 0.1: every layer stores a key AND a value vector of `_kv_width(config)` elements
-    # for each token, each element `bytes_per_element` bytes. Return the total for one token.
+    # Exercise 0.1 (contract): return the bytes that ONE token's keys and values occupy in the cache,
+    # over all `layers` layers, for a model whose key (and value) vector per layer has
+    # `_kv_width(config)` elements (it already accounts for grouped-query attention) of
+    # `bytes_per_element` bytes each.
     # BEGIN SOLUTION 0.1
     return 2 * layers * _kv_width(config) * bytes_per_element
     # END SOLUTION
@@ -31,7 +33,8 @@ def max_sequences(memory_bytes: int, seq_len: int, bytes_per_token: int) -> int:
             f"max_sequences needs memory_bytes >= 0, seq_len > 0 and bytes_per_token > 0; "
             f"got {memory_bytes}, {seq_len}, {bytes_per_token}."
         )
-    # Exercise 0.2: one sequence needs seq_len * bytes_per_token bytes; a partial sequence is useless.
+    # Exercise 0.2 (contract): the largest number of WHOLE sequences, each reserving seq_len tokens of
+    # bytes_per_token bytes, whose total fits in memory_bytes (0 when not even one fits).
     # BEGIN SOLUTION 0.2
     return memory_bytes // (seq_len * bytes_per_token)
     # END SOLUTION
