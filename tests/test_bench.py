@@ -76,7 +76,7 @@ def test_first_fit_pool_reuses_holes_and_refuses_when_full() -> None:
 
 
 def test_memory_main_prints_json_last(monkeypatch, capsys, memory_result: dict) -> None:
-    monkeypatch.setattr(memory, "run", lambda quick: memory_result)
+    monkeypatch.setattr(memory, "run", lambda quick, reference=False: memory_result)
     assert memory.main(["--quick", "--json"]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"device", "utilization", "breakdown"} <= set(last)
