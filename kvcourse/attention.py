@@ -16,8 +16,6 @@ only the first ceil(seq_len / block_size) entries of a row are ever read.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 try:  # Triton ships with torch on Linux; the reference functions work without it

@@ -14,6 +14,7 @@ Three layers, each with one job:
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from kvcourse.kv_cache_interface import (
 from kvcourse.request import Request
 
 BlockHash = bytes  # a SHA-256 digest: the same tokens give the same hash in every process
+HASH_FUNCTION = hashlib.sha256  # vLLM's default; unlike Python's hash(), stable across processes
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,6 +221,18 @@ class BlockPool:
         """Blocks currently published in the prefix cache (held or free)."""
         return len(self.cached_block_hash_to_block)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (new weights, a cold-start benchmark), but only while no block is held."""
+        # Exercise 7.5: reset the prefix cache (vLLM's BlockPool.reset_prefix_cache).
+        #   While any block is held by a request (its K/V is in use), returns False and changes
+        #   nothing. Otherwise every published block is unpublished: no lookup finds any hash any more,
+        #   and no block carries a hash or tokens; the free queue keeps the same blocks in the same
+        #   order (nothing is allocated or freed); returns True.
+        # TODO: Exercise 7.5: write your code here, then delete the raise below.
+        raise NotImplementedError(
+            "Exercise 7.5 (Reset the prefix cache): not written yet: edit kvcourse/kv_cache.py, BlockPool.reset_prefix_cache."
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # The hash chain (exercise 4.1)
@@ -229,7 +243,7 @@ def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[i
     """Hash one full block together with its parent's hash, so it names the whole prefix up to it."""
     # Exercise 4.1 (contract): a bytes digest that is equal for equal (parent, tokens) pairs, in EVERY
     # process (Python's hash() of str/bytes changes per process), and differs when the parent, a
-    # token, or the tokens' order differs. hashlib is imported.
+    # token, or the tokens' order differs. HASH_FUNCTION (above) gives such digests of bytes.
     # TODO: Exercise 4.1: write your code here, then delete the raise below.
     raise NotImplementedError(
         "Exercise 4.1 (The block hash chain): not written yet: edit kvcourse/kv_cache.py, hash_block_tokens."
@@ -281,6 +295,7 @@ class KVCacheManager:
         self.num_cached_block: dict[int, int] = {}  # how many of its blocks were offered to the cache
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the executor
         self.prefix_cache_stats = PrefixCacheStats()
+        self.reset_refusal: str | None = None  # why the latest reset_prefix_cache() said no
 
     # ---- what the scheduler reads ----
 
@@ -318,8 +333,8 @@ class KVCacheManager:
         new_computed_blocks: KVCacheBlocks | None = None,
     ) -> KVCacheBlocks | None:
         """Make room for this step's tokens, all or nothing: the blocks taken from the pool, or None."""
-        hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks)
-        # Exercise 3.3 (contract). When this returns, either
+        # Exercise 3.3 (contract). First, self._check_allocation(...) with the four arguments raises on
+        # impossible ones and returns the prefix hits as a list, `hits`. When this returns, either
         #   * the request's table (self.req_to_blocks[request.id], created at its first allocation)
         #     starts with the prefix hits `hits` (each with one more holder: self.block_pool.touch),
         #     then new blocks, and covers request.num_computed_tokens + num_new_computed_tokens +
@@ -339,11 +354,11 @@ class KVCacheManager:
 
     def _num_new_blocks(self, request: Request, num_tokens: int, num_hits: int, num_extra: int) -> int | None:
         """New blocks needed so the table covers `num_tokens` tokens, or None if the pool is short."""
-        num_held = len(self.req_to_blocks.get(request.id, [])) + num_hits
-        # Exercise 3.3 (contract): the number of NEW blocks that, added to the num_held blocks the
-        # table will hold, cover num_tokens tokens exactly (blocks_needed rounds up; a table that
-        # already covers them needs 0). None when those blocks plus num_extra (other free blocks the
-        # step uses up: copies, hits on free blocks) exceed the pool's free blocks.
+        # Exercise 3.3 (contract): the number of NEW blocks that, added to the blocks the table will
+        # hold (those it holds now plus num_hits prefix hits), cover num_tokens tokens exactly
+        # (blocks_needed rounds up; a table that already covers them needs 0). None when those blocks
+        # plus num_extra (other free blocks the step uses up: copies, hits on free blocks) exceed the
+        # pool's free blocks.
         # TODO: Exercise 3.3: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 3.3 (allocate_slots: all or nothing): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._num_new_blocks."
@@ -410,12 +425,12 @@ class KVCacheManager:
         """The hash chain of the request's full blocks, each block hashed once per request."""
         known = self.req_to_block_hashes.get(request.id)
         if known is None or known[0] is not request:  # a new request (or a new one reusing an id)
-            known = self.req_to_block_hashes[request.id] = (request, [])
-        hashes = known[1]
-        # Exercise 4.2 (contract): extend `hashes` IN PLACE so it holds hash_block_tokens' chain of every
-        # full block of request.all_token_ids (the same list hash_request_tokens would give), and
-        # return it. Blocks hashed on an earlier call are never hashed again: a request that grows
-        # by a token, or is preempted and admitted again, costs at most its new full blocks.
+            self.req_to_block_hashes[request.id] = (request, [])
+        # Exercise 4.2 (contract): the list self.req_to_block_hashes[request.id][1] holds the hashes
+        # computed so far. Extend it IN PLACE so it holds hash_block_tokens' chain of every full
+        # block of request.all_token_ids (the same list hash_request_tokens would give), and return
+        # it. Blocks hashed on an earlier call are never hashed again: a request that grows by a
+        # token, or is preempted and admitted again, costs at most its new full blocks.
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.2 (Hash once, extend as the request grows): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._block_hashes."
@@ -440,6 +455,24 @@ class KVCacheManager:
             self.prefix_cache_stats.requests += 1
             self.prefix_cache_stats.queries += request.num_tokens
             self.prefix_cache_stats.hits += num_hit_tokens
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached-free block's prefix (vLLM's name): True, or False with a warning saying why.
+
+        Refused (False, nothing changed) while any block is held: as in vLLM, a reset waits until no
+        request is running. The reason is also kept in `self.reset_refusal` (None after a reset).
+        """
+        held = self.num_blocks - self.get_num_free_blocks()
+        if not self.block_pool.reset_prefix_cache():
+            self.reset_refusal = (
+                f"reset_prefix_cache refused: {held} of {self.num_blocks} blocks are held by requests; "
+                "finish or abort them (scheduler.finish_requests) and call it again."
+            )
+            warnings.warn(self.reset_refusal, stacklevel=2)
+            return False
+        self.reset_refusal = None
+        self.prefix_cache_stats = PrefixCacheStats()  # hit rates start again from a cold cache
+        return True
 
     def reset_prefix_cache_stats(self) -> PrefixCacheStats:
         """Return the counts so far and start new ones (one plot point per workload)."""
@@ -520,6 +553,7 @@ __all__ = [
     "KVCacheManager",
     "MockKVCacheManager",
     "PrefixCacheStats",
+    "blocks_needed",
     "hash_block_tokens",
     "hash_request_tokens",
 ]

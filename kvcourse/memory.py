@@ -13,14 +13,22 @@ def _kv_width(config) -> int:
     return kv_heads * (hidden // heads)
 
 
+def _num_layers(config) -> int:
+    """Transformer layers, whichever name the config uses (GPT-2: n_layer)."""
+    return getattr(config, "num_hidden_layers", None) or config.n_layer
+
+
+def _bytes_per_element(dtype: torch.dtype) -> int:
+    """Bytes of one number of this dtype (fp16: 2, fp32: 4)."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """Bytes of K and V one token occupies across all layers (GPT-2 small, fp16: 36,864)."""
-    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
-    bytes_per_element = torch.empty((), dtype=dtype).element_size()
     # Exercise 0.1 (contract): return the bytes that ONE token's keys and values occupy in the cache,
-    # over all `layers` layers, for a model whose key (and value) vector per layer has
-    # `_kv_width(config)` elements (it already accounts for grouped-query attention) of
-    # `bytes_per_element` bytes each.
+    # over all _num_layers(config) layers, for a model whose key (and value) vector per layer has
+    # _kv_width(config) elements (it already accounts for grouped-query attention), each number
+    # _bytes_per_element(dtype) bytes.
     # TODO: Exercise 0.1: write your code here, then delete the raise below.
     raise NotImplementedError(
         "Exercise 0.1 (KV bytes per token): not written yet: edit kvcourse/memory.py, kv_bytes_per_token."

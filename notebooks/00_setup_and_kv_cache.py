@@ -135,9 +135,9 @@ print(f"bytes held for {ids.shape[1]} tokens in {keys.dtype}: {hf_bytes:,}  = {h
 # ### Exercise 0.1 · KV bytes per token
 #
 # Open `kvcourse/memory.py` and fill in `kv_bytes_per_token(config, dtype)`: the bytes of K **and** V
-# that one token occupies across all layers. The helper `_kv_width(config)` already gives the number
-# of elements of one key (it handles models with fewer K/V heads than query heads), and
-# `bytes_per_element` is computed for you. GPT-2 small in fp16 should give 36,864 bytes.
+# that one token occupies across all layers. Three helpers exist: `_num_layers(config)`,
+# `_kv_width(config)` (the elements of one key; it handles models with fewer K/V heads than query
+# heads) and `_bytes_per_element(dtype)`.
 
 # %%
 check("0.1")

@@ -48,9 +48,9 @@ class Mutant:
 # fmt: off
 MUTANTS = [
     # ---- 0.x memory arithmetic ----
-    Mutant("0.1", "counts keys only, not values", "return 2 * layers *", "return layers *"),
+    Mutant("0.1", "counts keys only, not values", "return 2 * _num_layers(config)", "return _num_layers(config)"),
     Mutant("0.1", "caches every query head (ignores grouped-query attention)",
-           "_kv_width(config)", "(getattr(config, 'hidden_size', None) or config.n_embd)"),
+           "* _kv_width(config) *", "* (getattr(config, 'hidden_size', None) or config.n_embd) *"),
     Mutant("0.2", "rounds a partial sequence up", "memory_bytes // (seq_len * bytes_per_token)",
            "-(-memory_bytes // (seq_len * bytes_per_token))"),
     Mutant("0.2", "rounds to the nearest sequence", "memory_bytes // (seq_len * bytes_per_token)",
@@ -78,7 +78,7 @@ MUTANTS = [
     Mutant("3.4", "keeps the freed table (a second free double-frees)", "self.req_to_blocks.pop(request.id, [])",
            "self.req_to_blocks.get(request.id, [])"),
     # ---- 4.x sharing ----
-    Mutant("4.1", "uses Python's per-process hash()", "hashlib.sha256(payload).digest()", "hash(payload)"),
+    Mutant("4.1", "uses Python's per-process hash()", "HASH_FUNCTION(payload).digest()", "hash(payload)"),
     Mutant("4.1", "ignores the parent block", "repr((parent_block_hash, [int(token) for token in token_ids]))",
            "repr([int(token) for token in token_ids])"),
     Mutant("4.1", "chains every block to None", "parent = hashes[-1] if hashes else None", "parent = None"),
