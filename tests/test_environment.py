@@ -39,3 +39,13 @@ def test_maintainers_tools_are_an_extra():
     dev = {re.split(r"[<>=;\[ ]", r)[0].lower() for r in _project()["optional-dependencies"]["dev"]}
     assert not names & {"nbval", "playwright", "ruff", "jupytext"}
     assert {"nbval", "playwright", "ruff", "jupytext"} <= dev
+
+
+def test_repo2docker_builds_the_course():
+    """repo2docker (Binder, a JupyterHub) reads environment.yml, then runs postBuild: it must install the course."""
+    post_build = ROOT / "postBuild"
+    assert post_build.stat().st_mode & 0o111, "postBuild must be executable"
+    assert "pip install --no-deps -e ." in post_build.read_text()
+    minimum = re.search(r">=\s*(\d+\.\d+)", _project()["requires-python"])[1]
+    conda_python = re.search(r"- python=(\d+\.\d+)", (ROOT / "environment.yml").read_text())[1]
+    assert tuple(map(int, conda_python.split("."))) >= tuple(map(int, minimum.split(".")))
