@@ -79,6 +79,8 @@ class Request:
     num_preemptions: int = 0
     eos_token_id: int | None = None
     reason: str | None = None
+    priority: int = 0  # scheduling_policy="priority": lower value = more urgent, as in vLLM
+    arrival_time: float = 0.0  # when it arrived (seconds on the serving clock); breaks priority ties
 
     def __post_init__(self) -> None:
         """Reject requests that could never be served, saying how to fix them."""

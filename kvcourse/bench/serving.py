@@ -3,11 +3,17 @@
 vLLM's serving benchmark reports, per request, TTFT (arrival to first token), TPOT (time per output
 token after the first), ITL (the gaps between tokens) and end-to-end latency, and per run their
 percentiles, throughput and goodput (requests per second that met a latency SLO). This study
-measures the same on the course's scheduler under Poisson arrivals, with a clock that is:
+measures the same on the course's scheduler under Poisson arrivals, through the engine's own loop
+(`kvcourse.toy.arrivals.serve`, i.e. `EngineCore` with arrivals between steps), on a clock that is:
 
 * simulated on a CPU: each step costs `fixed + per_token * tokens fed` seconds, a cost model fitted
   to measured GPT-2 step times (`fit_step_cost`), so runs and notebook outputs are deterministic;
-* the wall clock on a GPU (`clock="wall"`), where step times are what they are.
+* the wall clock on a GPU (`kvcourse.toy.arrivals.WallClock`), where step times are what they are.
+
+Four parts: a request-rate sweep (the latency-throughput knee), a token-budget sweep (the
+chunked-prefill trade-off), FCFS against skip-ahead admission on a long-tailed workload (the p99 TTFT
+of the long prompts), and the policy knobs: a watermark (preemptions and recomputed tokens) and swap
+against recompute (the crossover prompt length).
 
     python -m kvcourse.bench serving [--quick] [--json]
 """
@@ -18,61 +24,37 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvcourse.bench.common import device_name, emit, not_written, parse_args, run_reference, whose_code
 from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request
-from kvcourse.scheduler import StallFreeScheduler
-from kvcourse.toy import ToyExecutor
+from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
+from kvcourse.toy.arrivals import RequestTimes, ServingRun, SimulatedClock, StepCost, serve
 
 PERCENTILES = (50, 90, 99)
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """Seconds one engine step takes: a fixed part (launches, Python) plus a part per token fed."""
-
-    fixed_s: float
-    per_token_s: float
-
-    def __call__(self, num_tokens: int) -> float:
-        return self.fixed_s + self.per_token_s * num_tokens
-
+LONG_PROMPT = 160  # prompts at least this long are "long" in the long-tailed workload
 
 # PROVISIONAL (not yet measured): replaced by a fit of `measure_step_costs` on GPT-2 small.
 GPT2_CPU_STEP_COST = StepCost(fixed_s=0.030, per_token_s=0.0016)
 
+GPT2_PARAMETERS = 124_439_808  # GPT-2 small (tied embeddings), for its FLOPs per token: 2 x parameters
+GPT2_FP32_KV_BYTES_PER_TOKEN = 2 * 12 * 768 * 4  # K and V, 12 layers, 768 wide, fp32 (the CPU engine's dtype)
+# ASSUMED, not measured: the link a swap moves K/V over on the simulated machine. The bandwidth is a
+# PCIe 4.0 x16 link's usable rate; the fixed cost per transfer (pinning host memory, one copy per
+# block and layer, a stream synchronisation) is a pessimistic guess that puts the crossover inside
+# GPT-2's prompt lengths, so that both sides of it can be seen.
+SWAP_LINK = {"link_bytes_per_s": 25e9, "link_latency_s": 0.02}
 
-@dataclass
-class RequestTimes:
-    """When one request arrived, got each token, and finished (seconds on the study's clock)."""
 
-    request_id: int
-    arrival: float
-    prompt_len: int
-    token_times: list[float] = field(default_factory=list)
-
-    @property
-    def ttft(self) -> float:
-        """Time to first token: queueing plus the whole prefill."""
-        return self.token_times[0] - self.arrival
-
-    @property
-    def tpot(self) -> float:
-        """Time per output token after the first (0 for a one-token request)."""
-        n = len(self.token_times)
-        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else 0.0
-
-    @property
-    def itl(self) -> list[float]:
-        """Inter-token latencies: the gaps a streaming client sees."""
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
-
-    @property
-    def e2e(self) -> float:
-        """End-to-end latency: arrival to last token."""
-        return self.token_times[-1] - self.arrival
+def simulated_preemption_costs(step_cost: StepCost = GPT2_CPU_STEP_COST) -> PreemptionCosts:
+    """The simulated machine's costs: recompute at the step-cost model's per-token rate, swap over SWAP_LINK."""
+    return PreemptionCosts(
+        kv_bytes_per_token=GPT2_FP32_KV_BYTES_PER_TOKEN,
+        flops_per_token=2 * GPT2_PARAMETERS,
+        flops_per_s=2 * GPT2_PARAMETERS / step_cost.per_token_s,  # so one token costs per_token_s
+        **SWAP_LINK,
+    )
 
 
 def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> list[float]:
@@ -100,6 +82,8 @@ def percentile(values: Sequence[float], p: float) -> float:
 def summarize(times: Sequence[RequestTimes], slo_ttft_s: float, slo_tpot_s: float) -> dict:
     """Percentiles of TTFT, TPOT, ITL and E2E; throughput; goodput (requests/s meeting both SLOs)."""
     done = [t for t in times if t.token_times]
+    if not done:
+        raise ValueError("no request produced a token: there is nothing to summarize.")
     start = min(t.arrival for t in done)
     span = max(t.token_times[-1] for t in done) - start
     metrics = {
@@ -123,24 +107,49 @@ def summarize(times: Sequence[RequestTimes], slo_ttft_s: float, slo_tpot_s: floa
 
 @dataclass(frozen=True)
 class Workload:
-    """Prompt lengths and output lengths of a long-tailed request mix, with Poisson arrival times."""
+    """Prompt lengths and output lengths of a request mix, with arrival times (and optional priorities)."""
 
     prompt_lens: tuple[int, ...]
     output_lens: tuple[int, ...]
     arrivals: tuple[float, ...]
+    priorities: tuple[int, ...] = ()
 
 
 def make_workload(num_requests: int, rate: float, seed: int = 0, long_every: int = 8) -> Workload:
     """Mostly short prompts, one long prompt in every `long_every`: the tail that FCFS must not starve."""
     rng = random.Random(seed)
     prompt_lens = tuple(
-        rng.randint(160, 240) if i % long_every == long_every - 1 else rng.randint(8, 48) for i in range(num_requests)
+        rng.randint(LONG_PROMPT, 240) if i % long_every == long_every - 1 else rng.randint(8, 48)
+        for i in range(num_requests)
     )
     output_lens = tuple(rng.randint(8, 32) for _ in range(num_requests))
     return Workload(prompt_lens, output_lens, tuple(poisson_arrivals(num_requests, rate, seed)))
 
 
-def simulate(
+class SkipAheadScheduler(StallFreeScheduler):
+    """Notebook 02's pitfall, kept for comparison: admission skips a head that does not fit and admits those behind it."""
+
+    def _admit_waiting(self, batch) -> None:
+        """Try every waiting request in order; one that does not fit is passed over, not waited for."""
+        for request in list(self.waiting_queue):
+            if not self._has_room(batch) or len(self.active_pool) >= self.max_batch_size:
+                return
+            sequence = self._admit(request, self._budget_left(batch))
+            if sequence is not None:
+                batch.append(sequence)
+
+
+def requests_for(workload: Workload, seed: int = 0) -> list[tuple[float, Request]]:
+    """The workload as (arrival time, Request) pairs, with seeded random prompt tokens."""
+    rng = random.Random(seed)
+    priorities = workload.priorities or (0,) * len(workload.prompt_lens)
+    return [
+        (a, Request(id=i, prompt_tokens=[rng.randrange(1000) for _ in range(n)], max_new_tokens=m, priority=p))
+        for i, (n, m, a, p) in enumerate(zip(workload.prompt_lens, workload.output_lens, workload.arrivals, priorities))
+    ]
+
+
+def simulate_run(
     workload: Workload,
     *,
     token_budget: int = 256,
@@ -148,35 +157,29 @@ def simulate(
     num_blocks: int = 128,
     block_size: int = 16,
     step_cost: Callable[[int], float] = GPT2_CPU_STEP_COST,
-    make_scheduler: Callable[..., object] = StallFreeScheduler,
+    make_scheduler: Callable[..., StallFreeScheduler] = StallFreeScheduler,
+    swap_costs: PreemptionCosts | None = None,
     seed: int = 0,
-) -> list[RequestTimes]:
-    """Serve the workload on a simulated clock: arrivals join between steps; each step costs step_cost."""
-    rng = random.Random(seed)
-    manager = MockKVCacheManager(num_blocks, block_size)
-    scheduler = make_scheduler(token_budget, max_batch_size, manager)
-    executor = ToyExecutor(block_size=None)
-    requests = [
-        Request(id=i, prompt_tokens=[rng.randrange(1000) for _ in range(n)], max_new_tokens=m)
-        for i, (n, m) in enumerate(zip(workload.prompt_lens, workload.output_lens))
-    ]
-    times = {r.id: RequestTimes(r.id, a, len(r.prompt_tokens)) for r, a in zip(requests, workload.arrivals)}
-    pending, now = list(zip(workload.arrivals, requests)), 0.0
-    while pending or scheduler.has_unfinished_requests():
-        while pending and pending[0][0] <= now:
-            scheduler.add_request(pending.pop(0)[1])
-        if not scheduler.has_unfinished_requests():
-            now = pending[0][0]  # idle: jump to the next arrival
-            continue
-        batch = scheduler.schedule_next_batch()
-        if not batch:
-            raise RuntimeError(f"the scheduler planned an empty step at t={now:.3f}s with work left: {scheduler!r}")
-        sampled = executor.execute(batch)  # the toy model keeps its own cache: only the clock matters here
-        now += step_cost(sum(len(s.tokens) for s in batch))
-        scheduler.update_from_output(batch, sampled)
-        for request_id in sampled:
-            times[request_id].token_times.append(now)
-    return list(times.values())
+    **knobs,
+) -> tuple[ServingRun, StallFreeScheduler]:
+    """Serve the workload through the engine loop on a simulated clock; knobs go to the scheduler (policy, watermark, ...)."""
+    scheduler = make_scheduler(token_budget, max_batch_size, MockKVCacheManager(num_blocks, block_size), **knobs)
+    result = serve(scheduler, requests_for(workload, seed), SimulatedClock(step_cost, _transfer_cost(swap_costs)))
+    return result, scheduler
+
+
+def _transfer_cost(costs: PreemptionCosts | None) -> Callable[[int, int], float] | None:
+    """A step's swap transfers priced like swap_seconds: a latency each, plus the bytes over the bandwidth."""
+    if costs is None:
+        return None
+    return lambda transfers, tokens: (
+        transfers * costs.link_latency_s + tokens * costs.kv_bytes_per_token / costs.link_bytes_per_s
+    )
+
+
+def simulate(workload: Workload, **options) -> list[RequestTimes]:
+    """Every request's times when the workload is served on the simulated clock (see simulate_run)."""
+    return simulate_run(workload, **options)[0].times
 
 
 def fit_step_cost(samples: Sequence[tuple[int, float]]) -> StepCost:
@@ -206,6 +209,9 @@ def measure_step_costs(model, prompt_lens: Sequence[int] = (8, 32, 64, 128, 256)
     return samples
 
 
+SLO = {"slo_ttft_s": 2.0, "slo_tpot_s": 0.15}
+
+
 def rate_sweep(rates: Sequence[float], num_requests: int, **sim) -> list[dict]:
     """Throughput and latency percentiles at each request rate: where is the knee?"""
     return [{"rate": r, **summarize(simulate(make_workload(num_requests, r), **sim), **SLO)} for r in rates]
@@ -217,17 +223,105 @@ def budget_sweep(budgets: Sequence[int], rate: float, num_requests: int, **sim) 
     return [{"token_budget": b, **summarize(simulate(work, token_budget=b, **sim), **SLO)} for b in budgets]
 
 
-SLO = {"slo_ttft_s": 2.0, "slo_tpot_s": 0.15}
-
-
 def knee(sweep: list[dict], slo_key: str = "ttft_p99") -> float | None:
     """The highest rate whose p99 TTFT still meets the SLO: past it, queues grow without bound."""
     ok = [row["rate"] for row in sweep if row[slo_key] <= SLO["slo_ttft_s"]]
     return max(ok) if ok else None
 
 
+def recomputed_tokens(run: ServingRun) -> int:
+    """Tokens fed more than once: everything fed, minus each request's prompt and outputs fed once."""
+    fed = sum(step.num_tokens for step in run.trace.steps)
+    once = sum(r.num_prompt_tokens + max(len(r.output_tokens) - 1, 0) for r in run.trace.requests.values())
+    return fed - once
+
+
+def tail_by_length(times: Sequence[RequestTimes]) -> dict:
+    """p50 and p99 TTFT of the long prompts and of the short ones, separately."""
+    long = [t.ttft for t in times if t.token_times and t.prompt_len >= LONG_PROMPT]
+    short = [t.ttft for t in times if t.token_times and t.prompt_len < LONG_PROMPT]
+    return {
+        "long_ttft_p50": percentile(long, 50),
+        "long_ttft_p99": percentile(long, 99),
+        "short_ttft_p50": percentile(short, 50),
+        "short_ttft_p99": percentile(short, 99),
+        "num_long": len(long),
+    }
+
+
+def admission_tails(rate: float, num_requests: int, num_blocks: int = 40, **sim) -> dict:
+    """FCFS against skip-ahead on the long-tailed workload, in a cache small enough that a long prompt must wait."""
+    work = make_workload(num_requests, rate)
+    rows = {}
+    for name, scheduler in (("fcfs", StallFreeScheduler), ("skip_ahead", SkipAheadScheduler)):
+        run, _ = simulate_run(work, num_blocks=num_blocks, make_scheduler=scheduler, **sim)
+        rows[name] = {**tail_by_length(run.times), **summarize(run.times, **SLO)}
+    return rows
+
+
+def watermark_study(watermarks: Sequence[float], rate: float, num_requests: int, num_blocks: int = 40, **sim) -> list:
+    """Preemptions and recomputed tokens as the watermark keeps more blocks free for running decodes."""
+    work = make_workload(num_requests, rate)
+    rows = []
+    for watermark in watermarks:
+        run, scheduler = simulate_run(work, num_blocks=num_blocks, watermark=watermark, **sim)
+        rows.append(
+            {
+                "watermark": watermark,
+                "preemptions": scheduler.num_preemptions,
+                "recomputed_tokens": recomputed_tokens(run),
+                **summarize(run.times, **SLO),
+            }
+        )
+    return rows
+
+
+def preemption_workload(prompt_len: int, num_requests: int = 12, output_len: int = 32) -> Workload:
+    """Equal prompts arriving together into a cache too small for all of them to decode: preemptions guaranteed."""
+    return Workload((prompt_len,) * num_requests, (output_len,) * num_requests, (0.0,) * num_requests)
+
+
+def _faster(recompute_s: float, swap_s: float) -> str:
+    """Which preemption mode finished the run first ("same" when no preemption happened)."""
+    if math.isclose(recompute_s, swap_s):
+        return "same"
+    return "swap" if swap_s < recompute_s else "recompute"
+
+
+def swap_study(prompt_lens: Sequence[int], step_cost: StepCost = GPT2_CPU_STEP_COST, block_size: int = 16) -> dict:
+    """Swap against recompute: the cost model's crossover, and served runs on both sides of it."""
+    costs = simulated_preemption_costs(step_cost)
+    rows = []
+    for n in prompt_lens:
+        work = preemption_workload(n)
+        num_blocks = 3 * math.ceil((n + work.output_lens[0]) / block_size) + 1  # three requests at their longest
+        common = {"num_blocks": num_blocks, "block_size": block_size, "step_cost": step_cost, "max_batch_size": 12}
+        recompute, r_sched = simulate_run(work, **common)
+        swap, s_sched = simulate_run(work, preemption_mode="swap", num_cpu_blocks=10**6, swap_costs=costs, **common)
+        rows.append(
+            {
+                "prompt_len": n,
+                "swap_s": swap_seconds(n, costs),
+                "recompute_s": recompute_seconds(n, costs),
+                "recompute_run_s": recompute.duration_s,
+                "swap_run_s": swap.duration_s,
+                "preemptions_recompute": r_sched.num_preemptions,
+                "preemptions_swap": s_sched.num_preemptions,
+                "recomputed_tokens": recomputed_tokens(recompute),
+                "swapped_tokens": s_sched.num_swapped_out_tokens,
+                "faster": _faster(recompute.duration_s, swap.duration_s),
+            }
+        )
+    return {
+        "link": SWAP_LINK,
+        "kv_bytes_per_token": costs.kv_bytes_per_token,
+        "crossover_tokens": swap_crossover(costs, max_tokens=1024),
+        "rows": rows,
+    }
+
+
 def run(quick: bool = True, *, reference: bool = False) -> dict:
-    """The serving study: a request-rate sweep and a token-budget sweep (your scheduler, or the reference's)."""
+    """The serving study: rate sweep, token-budget sweep, FCFS against skip-ahead, watermark, swap against recompute."""
     from datetime import UTC, datetime
 
     if reference:
@@ -244,14 +338,18 @@ def run(quick: bool = True, *, reference: bool = False) -> dict:
         "clock": "simulated",
         "code": whose_code("scheduler"),
         "step_cost": {"fixed_s": GPT2_CPU_STEP_COST.fixed_s, "per_token_s": GPT2_CPU_STEP_COST.per_token_s},
+        "slo": SLO,
         "rate_sweep": sweep,
         "knee_rate": knee(sweep),
         "budget_sweep": budget_sweep((32, 64, 128, 256, 512), rate=4, num_requests=n),
+        "admission": admission_tails(rate=8, num_requests=n),
+        "watermark": watermark_study((0.0, 0.05, 0.1, 0.2), rate=8, num_requests=n),
+        "swap": swap_study((8, 16, 24, 32, 48, 64) if quick else (4, 8, 12, 16, 20, 24, 28, 32, 48, 64)),
     }
 
 
 def print_table(result: dict) -> None:
-    """Rate sweep and budget sweep as two small tables."""
+    """Each part of the study as a small table."""
     print(
         f"serving study on a simulated clock (step = {result['step_cost']['fixed_s'] * 1e3:.0f} ms + "
         f"{result['step_cost']['per_token_s'] * 1e3:.2f} ms/token)"
@@ -268,6 +366,26 @@ def print_table(result: dict) -> None:
         print(
             f"{row['token_budget']:>6} {row['ttft_p50']:>9.2f} {row['ttft_p99']:>5.2f} "
             f"{row['tpot_p50']:>10.3f} {row['tpot_p99']:>5.3f} {row['itl_p99']:>9.3f}"
+        )
+    print("admission   long TTFT p50   p99   short TTFT p50   p99   tok/s")
+    for name, row in result["admission"].items():
+        print(
+            f"{name:<10} {row['long_ttft_p50']:>14.2f} {row['long_ttft_p99']:>5.2f} "
+            f"{row['short_ttft_p50']:>16.2f} {row['short_ttft_p99']:>5.2f} {row['output_tokens_per_s']:>7.1f}"
+        )
+    print("watermark  preemptions  recomputed tokens  TTFT p99  TPOT p99")
+    for row in result["watermark"]:
+        print(
+            f"{row['watermark']:>9} {row['preemptions']:>12} {row['recomputed_tokens']:>18} "
+            f"{row['ttft_p99']:>9.2f} {row['tpot_p99']:>9.3f}"
+        )
+    swap = result["swap"]
+    print(f"swap vs recompute: the cost model's crossover is {swap['crossover_tokens']} tokens")
+    print("prompt  swap s  recompute s  run: recompute s  swap s  preemptions  faster")
+    for row in swap["rows"]:
+        print(
+            f"{row['prompt_len']:>6} {row['swap_s']:>7.3f} {row['recompute_s']:>12.3f} {row['recompute_run_s']:>17.2f} "
+            f"{row['swap_run_s']:>7.2f} {row['preemptions_recompute']:>12} {row['faster']:>7}"
         )
 
 

@@ -248,6 +248,46 @@ _EXERCISES = [
         hint="Positions start at position_ids_start (the tokens already cached); position p lives in block p // block_size at offset p % block_size.",
         approach="Positions start at position_ids_start (the tokens already cached); position p lives in block p // block_size at offset p % block_size.",
     ),
+    Exercise(
+        id="7.1",
+        title="Priority scheduling",
+        module="scheduler",
+        minutes=15,
+        hint="Two places decide who goes first: where a request enters the waiting queue, and who steps back when memory is short. Both compare the same key, (priority, arrival_time); which end of it is 'least urgent'?",
+        approach="_insert_by_priority: walk the queue and insert the request before the first one whose (priority, arrival_time) is strictly larger; if there is none, append (equal keys stay first come, first served). _preempt_lowest_priority: the victim is the running request with the largest (priority, arrival_time), taking the most recently admitted among exact ties (search the running set from its newest end); then do what Exercise 2.7 does, except that the victim goes back through _insert_by_priority instead of to the head of the queue.",
+    ),
+    Exercise(
+        id="7.2",
+        title="A watermark for admission",
+        module="scheduler",
+        minutes=10,
+        hint="The watermark protects requests that are already running. Count the blocks the first chunk would take (a partial block is a whole block) and see what would be left free. And if nobody is running, what is there to protect?",
+        approach="If nothing is running, return True. Otherwise blocks = blocks_needed(num_new_tokens, block_size); return free blocks - blocks >= self.watermark_blocks. Change nothing.",
+    ),
+    Exercise(
+        id="7.3",
+        title="Swap or recompute: the cost model",
+        module="scheduler",
+        minutes=10,
+        hint="A swap moves bytes twice (out, then back in) and pays the link's fixed latency each time; a recompute pays FLOPs once. One grows with the bytes per token, the other with the FLOPs per token: where do the lines cross?",
+        approach="swap_seconds: 0 for no tokens, else 2 * (latency + tokens * bytes per token / bandwidth). recompute_seconds: tokens * flops_per_token / flops_per_s. swap_crossover: try n = 1, 2, ... up to max_tokens and return the first n for which swap is strictly cheaper; None if none is.",
+    ),
+    Exercise(
+        id="7.4",
+        title="Abort: give everything back at once",
+        module="scheduler",
+        minutes=10,
+        hint="A request to end is in one of three places: running, waiting, or already settled. Only the first two own anything to give back; the third must be left exactly as it is.",
+        approach="Take the request out of active_pool (pop with a default) or, failing that, out of the waiting queue with self._take_waiting; if it is in neither, return None. Otherwise free its blocks with the manager, set its status and reason, and return it.",
+    ),
+    Exercise(
+        id="7.5",
+        title="Reset the prefix cache",
+        module="kv_cache",
+        minutes=5,
+        hint="Unpublishing a block someone is reading would be harmless here, but vLLM refuses anyway: when is every block free? And a reset must forget a prefix in two places: the lookup table and the block itself.",
+        approach="If fewer blocks are free than the pool has, return False. Otherwise clear every block's block_hash and token_ids, empty cached_block_hash_to_block, and return True; never touch the free queue.",
+    ),
 ]
 
 EXERCISES: dict[str, Exercise] = {exercise.id: exercise for exercise in _EXERCISES}

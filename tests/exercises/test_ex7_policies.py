@@ -1,0 +1,303 @@
+"""Graded tests for notebook 07: the scheduling policy under load (exercises 7.1-7.5).
+
+Each exercise is checked on its own method first (so a learner sees which part is off), then in a
+whole run through the engine loop, where its contract must hold step after step.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from kvcourse.kv_cache import KVCacheManager
+from kvcourse.kv_cache_interface import MockKVCacheManager
+from kvcourse.request import Request, RequestStatus
+from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
+from kvcourse.toy import run, toy_generate, toy_requests
+
+
+def make(num_blocks: int = 64, block_size: int = 4, token_budget: int = 64, max_batch_size: int = 8, **knobs):
+    """A scheduler over a fresh mock manager."""
+    manager = MockKVCacheManager(num_blocks=num_blocks, block_size=block_size)
+    return StallFreeScheduler(token_budget, max_batch_size, manager, **knobs), manager
+
+
+def request(request_id: int, length: int = 4, priority: int = 0, arrival: float = 0.0, max_new_tokens: int = 4):
+    """A request with readable prompt tokens."""
+    tokens = list(range(10 * request_id + 1, 10 * request_id + 1 + length))
+    return Request(
+        id=request_id, prompt_tokens=tokens, max_new_tokens=max_new_tokens, priority=priority, arrival_time=arrival
+    )
+
+
+def running(scheduler: StallFreeScheduler, manager, req: Request) -> Request:
+    """Make a request running past its prefill, holding its blocks (admission order = call order)."""
+    req.output_tokens = [1]
+    assert manager.allocate_slots(req, req.num_tokens - 1) is not None
+    req.num_computed_tokens = req.num_tokens - 1
+    req.status = RequestStatus.RUNNING
+    scheduler.active_pool[req.id] = req
+    scheduler._known_ids.add(req.id)
+    return req
+
+
+# ---------------------------------------------------------------------------------------------- 7.1
+@pytest.mark.ex7_1
+def test_queue_is_ordered_by_priority_then_arrival() -> None:
+    scheduler, _ = make(policy="priority")
+    for req in (
+        request(0, priority=1, arrival=0.0),
+        request(1, priority=0, arrival=2.0),
+        request(2, priority=1, arrival=1.0),
+    ):
+        scheduler._insert_by_priority(req)
+    scheduler._insert_by_priority(request(3, priority=0, arrival=0.5))
+    order = [r.id for r in scheduler.waiting_queue]
+    assert order == [3, 1, 0, 2], f"the queue should be by (priority, arrival_time), smallest first; got ids {order}"
+
+
+@pytest.mark.ex7_1
+def test_equal_keys_stay_first_come_first_served() -> None:
+    scheduler, _ = make(policy="priority")
+    for i in range(4):
+        scheduler._insert_by_priority(request(i, priority=2, arrival=1.0))
+    order = [r.id for r in scheduler.waiting_queue]
+    assert order == [0, 1, 2, 3], f"requests with equal (priority, arrival_time) must keep their order; got {order}"
+
+
+@pytest.mark.ex7_1
+def test_victim_is_least_urgent_then_latest_arrival() -> None:
+    scheduler, manager = make(policy="priority")
+    a = running(scheduler, manager, request(0, priority=5, arrival=3.0))
+    running(scheduler, manager, request(1, priority=9, arrival=1.0))
+    c = running(scheduler, manager, request(2, priority=9, arrival=2.0))
+    running(scheduler, manager, request(3, priority=0, arrival=9.0))
+    free_before, held = manager.get_num_free_blocks(), len(manager.get_block_ids(c))
+    victim = scheduler._preempt_lowest_priority()
+    assert victim is c, f"the victim must have the largest (priority, arrival_time): request 2, not {victim.id}"
+    assert c.id not in scheduler.active_pool and c.status is RequestStatus.PREEMPTED
+    assert manager.get_num_free_blocks() == free_before + held, "the victim's blocks must go back to the manager"
+    assert c.num_computed_tokens == 0 and c.output_tokens == [1], "recompute: nothing cached, outputs kept"
+    assert c.num_preemptions == 1 and scheduler.num_preemptions == 1
+    assert a.status is RequestStatus.RUNNING
+
+
+@pytest.mark.ex7_1
+def test_exact_ties_preempt_the_newest_admission() -> None:
+    scheduler, manager = make(policy="priority")
+    for i in range(3):
+        running(scheduler, manager, request(i, priority=1, arrival=0.0))
+    assert scheduler._preempt_lowest_priority().id == 2, "among exact ties the most recently admitted steps back"
+
+
+@pytest.mark.ex7_1
+def test_victim_waits_at_its_priority_place_not_at_the_head() -> None:
+    scheduler, manager = make(policy="priority")
+    scheduler._insert_by_priority(request(5, priority=0, arrival=4.0))
+    scheduler._insert_by_priority(request(6, priority=7, arrival=4.0))
+    running(scheduler, manager, request(1, priority=3, arrival=1.0))
+    scheduler._preempt_lowest_priority()
+    order = [r.id for r in scheduler.waiting_queue]
+    assert order == [5, 1, 6], f"a preempted request rejoins the queue by priority; got {order}"
+
+
+@pytest.mark.ex7_1
+def test_urgent_late_arrival_is_admitted_first_and_outputs_are_exact() -> None:
+    scheduler, _ = make(num_blocks=7, block_size=4, token_budget=16, max_batch_size=2, policy="priority")
+    reqs = toy_requests([6, 6, 6, 6], max_new_tokens=10, seed=3)
+    for i, req in enumerate(reqs):
+        req.priority, req.arrival_time = (0 if i == 3 else 1), float(i)
+        scheduler.add_request(req)
+    assert scheduler.waiting_queue[0].id == 3, "the urgent request must be at the head of the queue"
+    trace = run(scheduler)
+    first_step = {rid: next(s.iteration for s in trace.steps if rid in [x[0] for x in s.scheduled]) for rid in range(4)}
+    assert first_step[3] == min(first_step.values()), f"the urgent request ran first? first steps: {first_step}"
+    for req in reqs:
+        assert req.output_tokens == toy_generate(req.prompt_tokens, 10), f"request {req.id}: outputs changed"
+    assert trace.num_preemptions > 0, "this cache is tight enough that someone must step back"
+    for req in reqs:
+        if req.priority == 0:
+            assert req.num_preemptions == 0, "the urgent request must never be the victim while others run"
+
+
+@pytest.mark.ex7_1
+def test_an_urgent_request_arriving_mid_run_takes_memory_from_the_least_urgent() -> None:
+    scheduler, _ = make(num_blocks=8, block_size=4, token_budget=16, max_batch_size=3, policy="priority")
+    early = toy_requests([7, 7], max_new_tokens=12, seed=4)
+    for i, req in enumerate(early):
+        req.priority, req.arrival_time = 2 + i, float(i)
+        scheduler.add_request(req)
+    [urgent] = toy_requests([7], max_new_tokens=12, seed=6, first_id=9)
+    urgent.priority, urgent.arrival_time = 0, 5.0
+
+    def arrive(iteration, batch, sched):
+        if iteration == 2:
+            sched.add_request(urgent)
+
+    run(scheduler, on_step=arrive)
+    assert urgent.num_preemptions == 0, "the most urgent request must never step back for less urgent ones"
+    assert early[1].num_preemptions > 0, "the least urgent running request is the one to step back"
+    for req in [*early, urgent]:
+        assert req.output_tokens == toy_generate(req.prompt_tokens, 12), f"request {req.id}: outputs changed"
+
+
+# ---------------------------------------------------------------------------------------------- 7.2
+@pytest.mark.ex7_2
+def test_watermark_counts_blocks_left_free() -> None:
+    scheduler, manager = make(num_blocks=20, block_size=4, watermark=0.25)  # keep 5 blocks free
+    running(scheduler, manager, request(0, length=23))  # 23 tokens cached -> 6 blocks, 14 free
+    waiting = request(1, length=40)
+    assert scheduler._keeps_watermark(waiting, 36) is True, "14 free - 9 blocks = 5: exactly the watermark"
+    assert scheduler._keeps_watermark(waiting, 37) is False, "37 tokens need 10 blocks: only 4 would stay free"
+    assert manager.get_num_free_blocks() == 14 and not scheduler.waiting_queue, "the check must change nothing"
+
+
+@pytest.mark.ex7_2
+def test_watermark_never_blocks_an_idle_cache() -> None:
+    scheduler, _ = make(num_blocks=10, block_size=4, watermark=0.5)
+    assert scheduler._keeps_watermark(request(0, length=36), 36) is True, (
+        "with nothing running, there is nothing to protect"
+    )
+
+
+@pytest.mark.ex7_2
+def test_watermark_cuts_preemptions_under_load() -> None:
+    def preemptions(watermark: float) -> tuple[int, list[list[int]]]:
+        scheduler, _ = make(num_blocks=24, block_size=4, token_budget=32, max_batch_size=8, watermark=watermark)
+        reqs = toy_requests([10] * 8, max_new_tokens=14, seed=5)
+        scheduler.waiting_queue.extend(reqs)
+        trace = run(scheduler)
+        return trace.num_preemptions, [r.output_tokens for r in reqs]
+
+    without, outputs_without = preemptions(0.0)
+    with_watermark, outputs_with = preemptions(0.3)
+    assert without > 0, "the workload must preempt without a watermark"
+    assert with_watermark < without, f"a watermark should cut preemptions: {with_watermark} vs {without} without"
+    assert outputs_with == outputs_without, "a watermark changes who waits, never what is generated"
+
+
+# ---------------------------------------------------------------------------------------------- 7.3
+COSTS = PreemptionCosts(
+    kv_bytes_per_token=1000, link_bytes_per_s=1e6, link_latency_s=0.01, flops_per_token=2e6, flops_per_s=1e9
+)
+
+
+@pytest.mark.ex7_3
+def test_swap_pays_latency_and_bytes_both_ways() -> None:
+    assert swap_seconds(100, COSTS) == pytest.approx(2 * (0.01 + 100 * 1000 / 1e6)), (
+        "out AND in: latency + bytes/bw each"
+    )
+    assert swap_seconds(0, COSTS) == 0.0, "no tokens, no transfer"
+
+
+@pytest.mark.ex7_3
+def test_recompute_pays_flops_once() -> None:
+    assert recompute_seconds(100, COSTS) == pytest.approx(100 * 2e6 / 1e9)
+    assert recompute_seconds(0, COSTS) == 0.0
+
+
+@pytest.mark.ex7_3
+def test_crossover_is_the_first_length_where_swap_is_cheaper() -> None:
+    # swap 0.02 + 0.002 n, recompute 0.002 n + ... : make recompute 0.003 n -> crossover where 0.02 < 0.001 n
+    costs = PreemptionCosts(1000, 1e6, 0.01, 3e6, 1e9)
+    n = swap_crossover(costs, max_tokens=1000)
+    assert n == 21, f"swap (0.02 + 0.002 n s) first beats recompute (0.003 n s) at n = 21; got {n}"
+    assert swap_crossover(costs, max_tokens=20) is None, "no crossover within 20 tokens: None"
+    cheap_link = PreemptionCosts(1, 1e12, 0.0, 3e6, 1e9)
+    assert swap_crossover(cheap_link, max_tokens=10) == 1
+
+
+# ---------------------------------------------------------------------------------------------- 7.4
+def _busy_scheduler():
+    scheduler, manager = make(num_blocks=32, block_size=4)
+    a = running(scheduler, manager, request(0, length=7))
+    b = running(scheduler, manager, request(1, length=9))
+    c, d = request(2), request(3)
+    for req in (c, d):
+        scheduler._known_ids.add(req.id)
+        scheduler.waiting_queue.append(req)
+    return scheduler, manager, (a, b, c, d)
+
+
+@pytest.mark.ex7_4
+def test_abort_running_gives_every_block_back_and_nothing_else_changes() -> None:
+    scheduler, manager, (a, b, c, d) = _busy_scheduler()
+    free, b_blocks = manager.get_num_free_blocks(), manager.get_block_ids(b)
+    ended = scheduler._end_request(a.id, RequestStatus.ABORTED, "client went away")
+    assert ended is a and a.status is RequestStatus.ABORTED and a.reason == "client went away"
+    assert a.id not in scheduler.active_pool and manager.get_block_ids(a) == []
+    assert manager.get_num_free_blocks() == free + 2, "all of the aborted request's blocks come back at once"
+    assert manager.get_block_ids(b) == b_blocks and b.status is RequestStatus.RUNNING, "others keep their blocks"
+    assert [r.id for r in scheduler.waiting_queue] == [2, 3], "the waiting queue is untouched"
+
+
+@pytest.mark.ex7_4
+def test_abort_waiting_leaves_the_queue_order() -> None:
+    scheduler, manager, (a, b, c, d) = _busy_scheduler()
+    free = manager.get_num_free_blocks()
+    assert scheduler._end_request(c.id, RequestStatus.ABORTED, "cancelled") is c
+    assert [r.id for r in scheduler.waiting_queue] == [3] and c.status is RequestStatus.ABORTED
+    assert manager.get_num_free_blocks() == free and list(scheduler.active_pool) == [0, 1]
+
+
+@pytest.mark.ex7_4
+def test_settled_requests_are_left_alone() -> None:
+    scheduler, _, (a, *_rest) = _busy_scheduler()
+    scheduler._end_request(a.id, RequestStatus.ABORTED, "first")
+    assert scheduler._end_request(a.id, RequestStatus.FAILED, "second") is None, "an ended request is settled"
+    assert a.status is RequestStatus.ABORTED and a.reason == "first"
+
+
+@pytest.mark.ex7_4
+def test_abort_mid_run_frees_everything_and_the_rest_finish_exactly() -> None:
+    scheduler, manager = make(num_blocks=16, block_size=4, token_budget=16, max_batch_size=4)
+    reqs = toy_requests([6, 5, 7, 4], max_new_tokens=8, seed=9)
+    scheduler.waiting_queue.extend(reqs)
+    scheduler._known_ids.update(r.id for r in reqs)
+
+    def abort_at_step_3(iteration, batch, sched):
+        if iteration == 3:
+            sched.finish_requests([1, 3], RequestStatus.ABORTED, "client went away")
+
+    run(scheduler, on_step=abort_at_step_3)
+    assert reqs[1].status is RequestStatus.ABORTED and reqs[3].status is RequestStatus.ABORTED
+    for req in (reqs[0], reqs[2]):
+        assert req.output_tokens == toy_generate(req.prompt_tokens, 8), f"request {req.id} must be unaffected"
+    assert manager.get_num_free_blocks() == 16, "when everything has ended, every block is free"
+
+
+# ---------------------------------------------------------------------------------------------- 7.5
+def _cached_manager() -> tuple[KVCacheManager, Request]:
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    req = Request(id=0, prompt_tokens=list(range(1, 14)), max_new_tokens=2)
+    assert manager.allocate_slots(req, req.num_tokens) is not None
+    req.num_computed_tokens = req.num_tokens
+    return manager, req
+
+
+@pytest.mark.ex7_5
+def test_reset_is_refused_while_a_block_is_held() -> None:
+    manager, req = _cached_manager()
+    cached = manager.block_pool.get_num_cached_blocks()
+    assert cached == 3, "setup: the prompt's three full blocks are published"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert manager.reset_prefix_cache() is False, "a block is in use: the reset must be refused"
+    assert manager.block_pool.get_num_cached_blocks() == cached, "a refused reset changes nothing"
+    assert manager.reset_refusal and "held" in manager.reset_refusal
+
+
+@pytest.mark.ex7_5
+def test_reset_forgets_every_prefix_and_keeps_the_free_queue() -> None:
+    manager, req = _cached_manager()
+    manager.free(req)
+    order = [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
+    again = Request(id=1, prompt_tokens=list(range(1, 14)), max_new_tokens=2)
+    assert manager.get_computed_blocks(again)[1] == 12, "setup: before the reset the prefix hits"
+    assert manager.reset_prefix_cache() is True
+    assert manager.get_computed_blocks(again)[1] == 0, "after a reset no prefix may hit"
+    assert manager.block_pool.get_num_cached_blocks() == 0
+    assert all(b.block_hash is None and b.token_ids is None for b in manager.block_pool.blocks), "no block keeps a hash"
+    after = [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
+    assert after == order, "a reset allocates and frees nothing: the free queue keeps its order"
