@@ -32,7 +32,7 @@ from kvcourse.serve import ServerThread, build_app
 from kvcourse.serve.__main__ import main as serve_main
 from kvcourse.serve.blocks import snapshot_from_json, snapshot_to_json
 from kvcourse.serve.detokenize import decode
-from kvcourse.serve.loadgen import format_summary, run_load, summarize
+from kvcourse.serve.loadgen import format_summary, request_times, run_load, summarize
 from kvcourse.serve.metrics import parse_metrics
 from kvcourse.viz.widgets import render_html
 
@@ -193,6 +193,20 @@ def test_debug_blocks_shows_a_running_request_in_the_widget_snapshot(server):
     assert snapshot_from_json(snapshot_to_json(snap)) == snap
     assert f'data-request-id="{request_id}"' in render_html(snap)
     wait_until(lambda: all_blocks_free(server), "the request, abandoned, gives its blocks back")
+
+
+def test_load_generator_sends_at_arrival_times_and_feeds_the_serving_study(server):
+    from kvcourse.bench import serving
+
+    prompts, lengths, arrivals = [[5, 6, 7], [8, 9], [10]], [3, 4, 1], [0.0, 0.15, 0.3]
+    results, _ = run_load(server.url + "/v1", prompts, lengths, "tiny", arrivals=arrivals)
+    assert [len(r.token_times) for r in results] == lengths == [r.completion_tokens for r in results]
+    assert all(r.sent_at >= a - 0.01 for r, a in zip(results, arrivals)), "no client may start before its arrival"
+    times = request_times(results, [len(p) for p in prompts])
+    summary = serving.summarize(times, slo_ttft_s=60, slo_tpot_s=60)
+    assert summary["requests"] == 3 and summary["goodput"] > 0
+    with pytest.raises(ValueError, match="one of each per prompt"):
+        run_load(server.url + "/v1", prompts, lengths, "tiny", arrivals=[0.0])
 
 
 # ------------------------------------------------------------------------------- never leaks

@@ -4,6 +4,11 @@ It speaks only the OpenAI completions API (the official `openai` client, `stream
 so the same call measures this server and `vllm serve gpt2`. Per request it records TTFT (send to
 first chunk), TPOT ((last chunk - first chunk) / (tokens - 1)) and end-to-end latency, as vLLM's
 serving benchmark defines them; `summarize` gives p50/p99 and tokens per second.
+
+Clients start all at once (a burst), or at given arrival times (`arrivals`, seconds from the start:
+e.g. `kvcourse.bench.serving.poisson_arrivals`). `request_times` turns the results into the serving
+study's `RequestTimes`, so `kvcourse.bench.serving.summarize` (ITL, E2E, goodput) reads a run over
+HTTP exactly as it reads a simulated one.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +34,8 @@ class RequestResult:
     latency: float  # seconds from sending to the last chunk
     finish_reason: str | None
     token_ids: list[int] | None = None  # when the server returns them (kvcourse and vLLM: return_token_ids)
+    sent_at: float = 0.0  # seconds from the start of the run to sending this request
+    token_times: list[float] = field(default_factory=list)  # seconds from the start, one per token received
 
     @property
     def tpot(self) -> float | None:
@@ -38,11 +45,13 @@ class RequestResult:
         return (self.latency - self.ttft) / (self.completion_tokens - 1)
 
 
-async def _one(client: Any, model: str, index: int, prompt: Any, max_tokens: int, extra: dict) -> RequestResult:
-    """Send one streaming completion and time its chunks."""
+async def _one(
+    client: Any, model: str, index: int, prompt: Any, max_tokens: int, extra: dict, t0: float
+) -> RequestResult:
+    """Send one streaming completion and time its chunks (times are seconds since t0)."""
     start = time.perf_counter()
     first = last = None
-    text, token_ids, usage, finish = [], [], None, None
+    text, token_ids, token_times, usage, finish = [], [], [], None, None
     stream = await client.completions.create(
         model=model,
         prompt=prompt,
@@ -62,11 +71,23 @@ async def _one(client: Any, model: str, index: int, prompt: Any, max_tokens: int
         first = first if first is not None else now
         last = now
         text.append(choice.text)
-        token_ids.extend((choice.model_extra or {}).get("token_ids") or [])
+        ids = (choice.model_extra or {}).get("token_ids")
+        token_ids.extend(ids or [])
+        token_times.extend([now - t0] * (len(ids) if ids is not None else 1))  # a chunk is one token without ids
         finish = choice.finish_reason or finish
-    count = usage.completion_tokens if usage is not None else len(token_ids)
+    count = usage.completion_tokens if usage is not None else len(token_times)
     first = first if first is not None else time.perf_counter()
-    return RequestResult(index, "".join(text), count, first - start, (last or first) - start, finish, token_ids or None)
+    return RequestResult(
+        index,
+        "".join(text),
+        count,
+        first - start,
+        (last or first) - start,
+        finish,
+        token_ids or None,
+        start - t0,
+        token_times,
+    )
 
 
 async def run_load_async(
@@ -75,28 +96,35 @@ async def run_load_async(
     max_tokens: int | Sequence[int],
     model: str,
     *,
+    arrivals: Sequence[float] | None = None,
     concurrency: int | None = None,
     return_token_ids: bool = True,
     timeout: float = 300.0,
 ) -> tuple[list[RequestResult], float]:
-    """Fire every prompt (at most `concurrency` in flight; None: all at once); results and wall seconds."""
+    """Fire every prompt (at its arrival time, or all at once; at most `concurrency` in flight); results, seconds."""
     import openai
 
     lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    starts = [0.0] * len(prompts) if arrivals is None else list(arrivals)
+    if len(lengths) != len(prompts) or len(starts) != len(prompts):
+        raise ValueError(
+            f"{len(prompts)} prompts, {len(lengths)} max_tokens and {len(starts)} arrivals: give one of each per prompt."
+        )
     extra = {"ignore_eos": True, **({"return_token_ids": True} if return_token_ids else {})}
     limit = asyncio.Semaphore(concurrency or len(prompts) or 1)
     client = openai.AsyncOpenAI(base_url=base_url, api_key="none", timeout=timeout, max_retries=0)
+    t0 = time.perf_counter()
 
-    async def bounded(i: int) -> RequestResult:
+    async def client_at(i: int) -> RequestResult:
+        await asyncio.sleep(max(0.0, t0 + starts[i] - time.perf_counter()))
         async with limit:
-            return await _one(client, model, i, prompts[i], lengths[i], extra)
+            return await _one(client, model, i, prompts[i], lengths[i], extra, t0)
 
-    start = time.perf_counter()
     try:
-        results = await asyncio.wait_for(asyncio.gather(*(bounded(i) for i in range(len(prompts)))), timeout)
+        results = await asyncio.wait_for(asyncio.gather(*(client_at(i) for i in range(len(prompts)))), timeout)
     finally:
         await client.close()
-    return list(results), time.perf_counter() - start
+    return list(results), time.perf_counter() - t0
 
 
 def run_load(base_url: str, prompts: Sequence[Any], max_tokens: int | Sequence[int], model: str, **kwargs: Any):
@@ -146,3 +174,13 @@ def format_summary(summary: dict[str, float]) -> str:
         f"p99 {summary['ttft_p99_ms']:.0f} ms; TPOT p50 {summary['tpot_p50_ms']:.1f} ms, "
         f"p99 {summary['tpot_p99_ms']:.1f} ms"
     )
+
+
+def request_times(results: Sequence[RequestResult], prompt_lens: Sequence[int] | None = None) -> list:
+    """The results as the serving study's RequestTimes (arrival = when sent), for its summarize()."""
+    from kvcourse.bench.serving import RequestTimes
+
+    return [
+        RequestTimes(r.index, r.sent_at, prompt_lens[r.index] if prompt_lens else 0, list(r.token_times))
+        for r in results
+    ]
