@@ -268,6 +268,12 @@ def test_bad_request_gets_400_openai_error_saying_what_to_fix(server, body, para
     assert error["param"] == param and words in error["message"]
 
 
+def test_max_tokens_null_means_the_openai_default_of_16(server):
+    body = {"prompt": "Hi", "max_tokens": None, "ignore_eos": True}
+    reply = httpx.post(server.url + "/v1/completions", json=body, timeout=WAIT_S).json()
+    assert reply["usage"]["completion_tokens"] == 16
+
+
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b""], ids=["malformed", "array", "empty"])
 def test_malformed_body_gets_400(server, content):
     response = httpx.post(

@@ -228,11 +228,10 @@ class EngineLoop:
         self.metrics.preemptions.inc(max(0, _num_preemptions(self.engine) - preemptions_before))
 
     def _fail_after_fault(self, error: str) -> None:
-        """After a failed step: the engine has already ended the requests the step touched (FAILED, with
-        a reason) and they are reported as errors when delivered; an engine without that fault handling
-        (no `abort`) may be half-updated, so every request in flight ends with the error."""
+        """End what a failed step left behind, so no client waits for a request that will never move."""
         if hasattr(self.engine, "abort"):
-            return
+            return  # LLMEngine already ended the requests the step touched (FAILED, with a reason)
+        # An engine without that fault handling may be half-updated: every request in flight ends.
         for rid, tracked in list(self._tracked.items()):
             if not _settled(tracked.request):
                 self._abort(rid, "error", f"the engine failed while running this request ({error}).")

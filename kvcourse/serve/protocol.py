@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 SUPPORTED = (
     "Supported: model, prompt (a string or a list of token ids), max_tokens, stream, "
@@ -46,7 +46,7 @@ class CompletionRequest(BaseModel):
 
     model: str | None = None
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = 16  # OpenAI's default
+    max_tokens: int = 16  # OpenAI's default (also when the field is null)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
@@ -64,6 +64,12 @@ class CompletionRequest(BaseModel):
     user: str | None = None
     ignore_eos: bool = False  # vLLM's extra: keep going past end-of-text (what benchmarks use)
     return_token_ids: bool = False  # vLLM's extra: prompt_token_ids and token_ids in each choice
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_means_default(cls, value: object) -> object:
+        """OpenAI's clients may send max_tokens: null for "the default"."""
+        return 16 if value is None else value
 
 
 def check_sampling(req: CompletionRequest) -> None:
