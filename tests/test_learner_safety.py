@@ -23,8 +23,16 @@ import pytest
 from kvcourse.course.stubs import BEGIN, END, edited_exercises, restore, stub_for
 
 ROOT = Path(__file__).resolve().parent.parent
-WRONG_0_1 = "return 2 * layers * _kv_width(config)  # forgot the bytes per element"
-RIGHT_0_2 = "return memory_bytes // (seq_len * bytes_per_token)"
+WRONG_0_1 = "return 0  # my first try at 0.1"
+RIGHT_0_2 = "# my answer to 0.2 (the reference's code):"
+
+
+def reference_code(exercise_id: str) -> str:
+    """The reference's code for one exercise of solutions/memory.py, dedented (the learner's right answer)."""
+    source = (ROOT / "solutions" / "memory.py").read_text()
+    found = re.search(rf"# BEGIN SOLUTION {re.escape(exercise_id)}\n(.*?)\n\s*# END SOLUTION", source, flags=re.S)
+    assert found, f"no region {exercise_id} in solutions/memory.py"
+    return textwrap.dedent(found[1])
 
 
 def answer(text: str, exercise_id: str, code: str) -> str:
@@ -34,7 +42,7 @@ def answer(text: str, exercise_id: str, code: str) -> str:
     )
     found = stub.search(text)
     assert found, f"no stub of exercise {exercise_id} in the file"
-    return text[: found.start()] + f"{found['indent']}{code}\n" + text[found.end() :]
+    return text[: found.start()] + textwrap.indent(code.rstrip("\n") + "\n", found["indent"]) + text[found.end() :]
 
 
 def learner_env(**extra: str) -> dict[str, str]:
@@ -75,7 +83,8 @@ def clone(tmp_path: Path) -> Path:
     for step in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course as cloned"]):
         subprocess.run([*git, *step], cwd=target, check=True, capture_output=True)
     memory = target / "kvcourse" / "memory.py"
-    memory.write_text(answer(answer(memory.read_text(), "0.1", WRONG_0_1), "0.2", RIGHT_0_2))
+    right = f"{RIGHT_0_2}\n{reference_code('0.2')}"
+    memory.write_text(answer(answer(memory.read_text(), "0.1", WRONG_0_1), "0.2", right))
     return target
 
 
@@ -239,28 +248,32 @@ def test_study_then_check_in_one_kernel(clone: Path) -> None:
 @pytest.mark.slow  # imports torch in a fresh process or two
 def test_check_survives_a_crash_and_stops_a_hang(clone: Path) -> None:
     """A segfault or an endless loop in the learner's code ends the check, not the kernel or the worker; a dead worker is replaced."""
+    right = reference_code("0.1").strip().replace("\n", "\n    ")  # in place of a line of the function body
     done = python(
         clone,
-        """
+        f"RIGHT = {right!r}\n"
+        + textwrap.dedent(
+            """
         import os
         from pathlib import Path
         from kvcourse import check
         from kvcourse.course import feedback
         memory = Path("kvcourse/memory.py")
         good = memory.read_text()
-        wrong = "return 2 * layers * _kv_width(config)  # forgot the bytes per element"
+        wrong = "return 0  # my first try at 0.1"
         memory.write_text(good.replace(wrong, "import ctypes; return ctypes.string_at(0)"))
         check("0.1")
         pid = feedback._WORKER.process.pid
         memory.write_text(good.replace(wrong, "while True: pass"))
         check("0.1")
-        memory.write_text(good.replace(wrong, "return 2 * layers * _kv_width(config) * bytes_per_element"))
+        memory.write_text(good.replace(wrong, RIGHT))
         check("0.1")
         print("same worker:", feedback._WORKER.process.pid == pid)
         os.kill(pid, 9)  # the worker itself dies between two checks: the next one starts a new worker
         check("0.1")
         print("new worker:", feedback._WORKER.process.pid != pid)
-        """,
+        """
+        ),
         KVCOURSE_TEST_TIMEOUT_S="3",
     )
     out = done.stdout
