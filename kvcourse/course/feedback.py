@@ -147,5 +147,8 @@ class Progress:
 
 
 def progress(*exercise_ids: str) -> Progress:
-    """Grade all exercises (or the given ones) in a fresh process and return the scoreboard."""
-    return Progress(_grade([get(i).id for i in exercise_ids]))
+    """Grade all exercises (or the given ones) and return the scoreboard, prediction questions included."""
+    from kvcourse.course.questions import question_results
+
+    rows = _grade([get(i).id for i in exercise_ids])
+    return Progress(rows if exercise_ids else rows + question_results())

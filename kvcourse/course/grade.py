@@ -249,6 +249,18 @@ def scoreboard(results: list[ExerciseResult]) -> str:
     return "\n".join(lines)
 
 
+def questions_scoreboard() -> str:
+    """The prediction questions answered in the notebooks with answer(id, value): asked, right or not yet."""
+    from kvcourse.course.questions import question_results
+
+    rows = question_results()
+    right = sum(r["status"] == CORRECT for r in rows)
+    lines = ["", f"{'question':<9} {'title':<50} status"]
+    lines += [f"{r['id']:<9} {r['title'][:50]:<50} {r['status']}" for r in rows]
+    lines.append(f"{right} of {len(rows)} predictions right (answer them in the notebooks: answer(id, value)).")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: print the scoreboard (or JSON) and exit 0 only if all pass."""
     parser = argparse.ArgumentParser(prog="python -m kvcourse.grade", description="Grade the course exercises.")
@@ -269,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"solutions": args.solutions, "results": [asdict(r) for r in results]}))
     else:
         print(scoreboard(results))
+        if not args.exercises and not args.solutions:
+            print(questions_scoreboard())
     return 0 if all(r.status in (CORRECT, SKIPPED) for r in results) else 1
 
 
