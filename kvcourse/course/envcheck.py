@@ -17,7 +17,8 @@ PACKAGES = [
     "jupyterlab",
     "pytest",
     "hypothesis",
-    "nbval",
+    "fastapi",
+    "openai",
 ]
 
 
