@@ -34,6 +34,13 @@ class FakeBlock:
     block_hash: int | None = None
 
 
+class FakeFreeQueue(list):
+    """The free queue as a list, front first, with the pool's read-out method."""
+
+    def get_all_free_blocks(self) -> list[FakeBlock]:
+        return list(self)
+
+
 @dataclass
 class FakeManager:
     num_blocks: int
@@ -42,7 +49,7 @@ class FakeManager:
 
     def __post_init__(self) -> None:
         self.block_pool = SimpleNamespace(blocks=[FakeBlock(i) for i in range(self.num_blocks)])
-        self.block_pool.free_block_queue = list(self.block_pool.blocks)
+        self.block_pool.free_block_queue = FakeFreeQueue(self.block_pool.blocks)
 
     def take(self, request: Request, block_ids: list[int]) -> None:
         """Put blocks in the request's table (a shared block just gains a holder)."""

@@ -21,10 +21,11 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import ipywidgets as widgets
 
+from kvcourse.kv_cache_interface import SchedulerProtocol
 from kvcourse.request import Request
 
 # A qualitative palette (Tableau 10 + 6): request i is always drawn in PALETTE[i % len(PALETTE)].
@@ -109,38 +110,67 @@ class Snapshot:
         return render_html(self)
 
 
-def _usage(manager: Any, num_blocks: int) -> float:
-    """The manager's own usage figure (attribute or method), else 1 - free / total."""
-    usage = getattr(manager, "usage", None)
-    if callable(usage):
-        usage = usage()
-    if usage is None:
-        usage = 1.0 - manager.get_num_free_blocks() / num_blocks
-    return float(usage)
+def _usage(manager: BlockTableSource) -> float:
+    """The manager's own usage figure (the contract's `usage` property)."""
+    return float(manager.usage)
 
 
-def _pool_blocks(manager: Any) -> list[Any] | None:
+@runtime_checkable
+class BlockTableSource(Protocol):
+    """What a snapshot reads from a KV-cache manager: a part of the contract (KVCacheManagerProtocol)."""
+
+    num_blocks: int
+    block_size: int
+
+    def get_block_ids(self, request: Request) -> list[int]: ...
+
+    def get_num_free_blocks(self) -> int: ...
+
+    @property
+    def usage(self) -> float: ...
+
+
+@runtime_checkable
+class _FreeQueue(Protocol):
+    """The paged pool's free queue: it lists its blocks front (handed out first) to back."""
+
+    def get_all_free_blocks(self) -> list[Any]: ...
+
+
+@runtime_checkable
+class _PagedPool(Protocol):
+    """A paged manager's block pool: the KVCacheBlock objects (ref counts, hashes) and the free queue."""
+
+    blocks: list[Any]
+    free_block_queue: _FreeQueue
+
+
+@runtime_checkable
+class _PagedManager(Protocol):
+    """A KV-cache manager with a block pool (the paged one); the mock only counts blocks."""
+
+    block_pool: _PagedPool
+
+
+def _pool(manager: BlockTableSource) -> _PagedPool | None:
+    """The manager's block pool, or None for a manager that only counts (the mock)."""
+    if isinstance(manager, _PagedManager) and isinstance(manager.block_pool, _PagedPool):
+        return manager.block_pool
+    return None
+
+
+def _pool_blocks(manager: BlockTableSource) -> list[Any] | None:
     """The manager's KVCacheBlock objects (ref counts, hashes), or None for a manager without a pool."""
-    pool = getattr(manager, "block_pool", None)
-    blocks = getattr(pool, "blocks", None)
-    return list(blocks) if blocks is not None else None
+    pool = _pool(manager)
+    return list(pool.blocks) if pool is not None else None
 
 
-def _eviction_order(manager: Any) -> tuple[int, ...]:
-    """Free block ids in the order the pool will hand them out (empty if the queue can't be read)."""
-    pool = getattr(manager, "block_pool", None)
-    for name in ("free_block_queue", "free_queue"):
-        queue = getattr(pool, name, None)
-        if queue is None:
-            continue
-        try:
-            return tuple(block.block_id for block in queue)
-        except (TypeError, AttributeError):
-            pass
-        get_all = getattr(queue, "get_all_free_blocks", None)
-        if callable(get_all):
-            return tuple(block.block_id for block in get_all())
-    return ()
+def _eviction_order(manager: BlockTableSource) -> tuple[int, ...]:
+    """Free block ids in the order the pool will hand them out (empty for a manager without a pool)."""
+    pool = _pool(manager)
+    if pool is None or not isinstance(pool.free_block_queue, _FreeQueue):
+        return ()
+    return tuple(block.block_id for block in pool.free_block_queue.get_all_free_blocks())
 
 
 def _fill(num_computed_tokens: int, logical_index: int, block_size: int) -> int:
@@ -148,9 +178,9 @@ def _fill(num_computed_tokens: int, logical_index: int, block_size: int) -> int:
     return max(0, min(block_size, num_computed_tokens - logical_index * block_size))
 
 
-def _check_snapshot_inputs(manager: Any, requests: list[Request]) -> None:
+def _check_snapshot_inputs(manager: BlockTableSource, requests: list[Request]) -> None:
     """A snapshot needs a paged manager and each request once; say which is wrong."""
-    if not callable(getattr(manager, "get_block_ids", None)) or not hasattr(manager, "block_size"):
+    if not isinstance(manager, BlockTableSource):
         raise ValueError(
             f"snapshot needs a KV-cache manager with get_block_ids() and block_size, got {type(manager).__name__}."
         )
@@ -163,7 +193,7 @@ _Tables = list[tuple[int, tuple[int, ...]]]
 
 
 def _read_tables(
-    manager: Any, requests: list[Request], num_blocks: int, block_size: int
+    manager: BlockTableSource, requests: list[Request], num_blocks: int, block_size: int
 ) -> tuple[_Tables, dict[int, set[int]], dict[int, int]]:
     """Each request's block table, plus who holds each block and how many tokens it holds."""
     tables: _Tables = []
@@ -193,14 +223,14 @@ def _block_states(
     for block_id in range(num_blocks):
         real = pool_blocks[block_id] if pool_blocks is not None else None
         held_by = tuple(sorted(owners.get(block_id, ())))
-        ref_cnt = int(getattr(real, "ref_cnt", len(held_by)))
-        cached = getattr(real, "block_hash", None) is not None
+        ref_cnt = len(held_by) if real is None else int(real.ref_cnt)
+        cached = real is not None and real.block_hash is not None
         filled = tokens.get(block_id, block_size if cached else 0)  # only full blocks get a hash
         states.append(BlockState(block_id, held_by, filled, ref_cnt, cached))
     return tuple(states)
 
 
-def snapshot(manager: Any, requests: Iterable[Request], label: str = "") -> Snapshot:
+def snapshot(manager: BlockTableSource, requests: Iterable[Request], label: str = "") -> Snapshot:
     """Record the manager's blocks and the given requests' block tables as plain data."""
     requests = list(requests)
     _check_snapshot_inputs(manager, requests)
@@ -214,7 +244,7 @@ def snapshot(manager: Any, requests: Iterable[Request], label: str = "") -> Snap
         blocks=_block_states(pool_blocks, num_blocks, block_size, owners, tokens),
         block_tables=tuple(tables),
         num_free_blocks=int(manager.get_num_free_blocks()),
-        usage=_usage(manager, num_blocks),
+        usage=_usage(manager),
         eviction_order=_eviction_order(manager),
     )
 
@@ -223,25 +253,19 @@ def snapshot(manager: Any, requests: Iterable[Request], label: str = "") -> Snap
 # Recording a scheduler run
 
 
-def scheduler_requests(scheduler: Any) -> list[Request]:
+def scheduler_requests(scheduler: SchedulerProtocol) -> list[Request]:
     """Every request the scheduler still knows: running ones first, then the waiting queue."""
     found: dict[int, Request] = {}
-    for name in ("active_pool", "running", "waiting_queue", "waiting"):
-        group = getattr(scheduler, name, None)
-        if group is None:
-            continue
-        for request in group.values() if isinstance(group, dict) else group:
-            found.setdefault(request.id, request)
+    for request in [*scheduler.active_pool.values(), *scheduler.waiting_queue]:
+        found.setdefault(request.id, request)
     return list(found.values())
 
 
-def _manager_of(scheduler: Any) -> Any:
-    """The scheduler's KV-cache manager (the contract names it kv_cache_manager)."""
-    for name in ("kv_cache_manager", "kv_manager"):
-        manager = getattr(scheduler, name, None)
-        if manager is not None:
-            return manager
-    raise ValueError(f"{type(scheduler).__name__} has no kv_cache_manager to record.")
+def _manager_of(scheduler: SchedulerProtocol) -> BlockTableSource:
+    """The scheduler's KV-cache manager (a memory-blind scheduler has none to record)."""
+    if scheduler.kv_cache_manager is None:
+        raise ValueError(f"{type(scheduler).__name__} has no kv_cache_manager to record.")
+    return scheduler.kv_cache_manager
 
 
 def describe_batch(batch: Sequence[Any], limit: int = 6) -> str:
@@ -268,22 +292,22 @@ class Recorder:
         self.snapshots: list[Snapshot] = []
         self.extra_requests = list(extra_requests)
 
-    def record(self, manager: Any, requests: Iterable[Request], label: str) -> Snapshot:
+    def record(self, manager: BlockTableSource, requests: Iterable[Request], label: str) -> Snapshot:
         """Take and keep one snapshot."""
         known = {request.id: request for request in list(requests) + self.extra_requests}
         taken = snapshot(manager, known.values(), label)
         self.snapshots.append(taken)
         return taken
 
-    def record_scheduler(self, scheduler: Any, label: str) -> Snapshot:
+    def record_scheduler(self, scheduler: SchedulerProtocol, label: str) -> Snapshot:
         """Snapshot the scheduler's manager with every request the scheduler knows."""
         return self.record(_manager_of(scheduler), scheduler_requests(scheduler), label)
 
-    def __call__(self, iteration: int, batch: Sequence[Any], scheduler: Any) -> None:
+    def __call__(self, iteration: int, batch: Sequence[Any], scheduler: SchedulerProtocol) -> None:
         self.record_scheduler(scheduler, f"iteration {iteration}: {describe_batch(batch)}")
 
 
-def record_run(scheduler: Any, executor: Any = None, **run_kwargs: Any) -> tuple[list[Snapshot], Any]:
+def record_run(scheduler: SchedulerProtocol, executor: Any = None, **run_kwargs: Any) -> tuple[list[Snapshot], Any]:
     """Run `scheduler` with kvcourse.toy.run; return its snapshots (the start, then one per step) and the trace."""
     from kvcourse import toy
 
