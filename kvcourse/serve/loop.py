@@ -17,10 +17,13 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcourse.request import Request, RequestStatus
 from kvcourse.serve.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from kvcourse.engine import LLMEngine
 
 log = logging.getLogger("kvcourse.serve")
 IDLE_WAIT_S = 0.5  # how long an idle loop sleeps before it looks at its inbox again (it is also woken)
@@ -88,7 +91,7 @@ class EngineState:
 class EngineLoop:
     """Owns one engine; steps it in a background thread; everything else talks to it by command."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None) -> None:
         self.engine = engine
         self.metrics = metrics or ServerMetrics()
         self.state = EngineState()
@@ -228,13 +231,8 @@ class EngineLoop:
         self.metrics.preemptions.inc(max(0, _num_preemptions(self.engine) - preemptions_before))
 
     def _fail_after_fault(self, error: str) -> None:
-        """End what a failed step left behind, so no client waits for a request that will never move."""
-        if hasattr(self.engine, "abort"):
-            return  # LLMEngine already ended the requests the step touched (FAILED, with a reason)
-        # An engine without that fault handling may be half-updated: every request in flight ends.
-        for rid, tracked in list(self._tracked.items()):
-            if not _settled(tracked.request):
-                self._abort(rid, "error", f"the engine failed while running this request ({error}).")
+        """A failed step: LLMEngine already ended the requests it touched (FAILED, with a reason)."""
+        log.info("requests touched by the failed step end as errors; the others carry on (%s)", error)
 
     def _deliver(self) -> None:
         """Hand each request its new tokens; close the streams of requests that finished."""
@@ -292,10 +290,10 @@ class EngineLoop:
         engine = self.engine
         manager = engine.kv_cache_manager
         scheduler = engine.scheduler
-        running = tuple(getattr(scheduler, "active_pool", {}))
+        running = tuple(scheduler.active_pool)
         self.state = EngineState(
             num_running=len(running),
-            num_waiting=len(getattr(scheduler, "waiting_queue", ())),
+            num_waiting=len(scheduler.waiting_queue),
             num_free_blocks=int(manager.get_num_free_blocks()),
             num_blocks=int(manager.num_blocks),
             block_size=int(manager.block_size),
@@ -314,25 +312,12 @@ def _settled(request: Request) -> bool:
     return request.status not in (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
 
 
-def _num_preemptions(engine: Any) -> int:
-    return int(getattr(engine.scheduler, "num_preemptions", 0))
+def _num_preemptions(engine: LLMEngine) -> int:
+    """Preemptions over the engine's life (the scheduler counts them)."""
+    return int(engine.scheduler.num_preemptions)
 
 
-def _abort_in_engine(engine: Any, request: Request) -> None:
-    """Finish a request early and free its blocks: engine.abort where the engine has it, else by hand."""
-    if _settled(request):
-        return
-    if hasattr(engine, "abort"):
+def _abort_in_engine(engine: LLMEngine, request: Request) -> None:
+    """Finish a request early: its blocks go back at once (LLMEngine.abort)."""
+    if not _settled(request):
         engine.abort(request.id, "aborted: the client went away")
-        return
-    scheduler = engine.scheduler
-    if hasattr(scheduler, "finish_requests"):
-        scheduler.finish_requests([request.id], RequestStatus.FINISHED, "aborted by the client")
-        return
-    # An older engine without abort: do what finish_requests does.
-    scheduler.active_pool.pop(request.id, None)
-    if request in scheduler.waiting_queue:
-        scheduler.waiting_queue.remove(request)
-    engine.kv_cache_manager.free(request)
-    request.status = RequestStatus.FINISHED
-    request.reason = "aborted by the client"
