@@ -16,9 +16,18 @@ from kvcourse.bench.serving import (
     make_workload,
     percentile,
     poisson_arrivals,
+    preemption_workload,
+    recomputed_tokens,
     simulate,
+    simulate_run,
+    simulated_preemption_costs,
     summarize,
 )
+from kvcourse.kv_cache_interface import MockKVCacheManager
+from kvcourse.request import Request
+from kvcourse.scheduler import StallFreeScheduler
+from kvcourse.toy import toy_generate, toy_requests
+from kvcourse.toy.arrivals import SimulatedClock, WallClock, serve
 
 
 def test_request_metrics_follow_vllm_definitions() -> None:
@@ -70,6 +79,79 @@ def test_bigger_token_budget_trades_inter_token_latency_for_ttft() -> None:
     assert large["ttft_p50"] <= small["ttft_p50"], "a small budget chops prefills and delays first tokens"
 
 
+def _arrivals() -> list[tuple[float, Request]]:
+    reqs = toy_requests([12, 6, 20, 9], max_new_tokens=5, seed=2)
+    return list(zip((0.0, 0.0, 0.03, 5.0), reqs))
+
+
+def test_requests_join_while_the_engine_runs() -> None:
+    arrivals = _arrivals()
+    scheduler = StallFreeScheduler(32, 4, MockKVCacheManager(num_blocks=32, block_size=4))
+    result = serve(scheduler, arrivals, SimulatedClock(StepCost(0.01, 0.001)))
+    by_id = {t.request_id: t for t in result.times}
+    assert by_id[2].token_times[0] > 0.03 and by_id[3].token_times[0] > 5.0, "nobody is served before arriving"
+    first_step = {
+        rid: next(s.iteration for s in result.trace.steps if rid in [x[0] for x in s.scheduled]) for rid in by_id
+    }
+    assert first_step[2] > 1, "the request arriving at 0.03 s cannot be in the first step"
+    assert any(len(step.scheduled) > 1 and 2 in [x[0] for x in step.scheduled] for step in result.trace.steps), (
+        "a late arrival joins the running batch (continuous batching)"
+    )
+    for arrival, req in arrivals:
+        assert req.arrival_time == arrival and req.output_tokens == toy_generate(req.prompt_tokens, 5)
+        assert len(by_id[req.id].token_times) == 5
+    again = serve(
+        StallFreeScheduler(32, 4, MockKVCacheManager(num_blocks=32, block_size=4)),
+        _arrivals(),
+        SimulatedClock(StepCost(0.01, 0.001)),
+    )
+    assert [t.token_times for t in again.times] == [t.token_times for t in result.times], (
+        "the simulated clock is deterministic"
+    )
+
+
+def test_wall_clock_serves_in_order() -> None:
+    arrivals = [(t / 100, req) for t, (_, req) in enumerate(_arrivals())]  # 0 to 30 ms apart: a short real wait
+    scheduler = StallFreeScheduler(32, 4, MockKVCacheManager(num_blocks=32, block_size=4))
+    result = serve(scheduler, arrivals, WallClock())
+    for t in result.times:
+        assert t.token_times[0] >= t.arrival and t.token_times == sorted(t.token_times)
+
+
+def test_serve_refuses_negative_arrivals() -> None:
+    scheduler = StallFreeScheduler(32, 4, MockKVCacheManager(num_blocks=32, block_size=4))
+    with pytest.raises(ValueError, match="arrival"):
+        serve(scheduler, [(-1.0, Request(0, [1, 2], 2))], SimulatedClock(StepCost(0.01, 0.001)))
+
+
+@pytest.mark.parametrize(
+    ("knobs", "words"),
+    [
+        ({"policy": "lifo"}, "policy"),
+        ({"watermark": 1.5}, "watermark"),
+        ({"preemption_mode": "drop"}, "preemption_mode"),
+        ({"preemption_mode": "swap"}, "num_cpu_blocks"),
+        ({"num_cpu_blocks": -1}, "num_cpu_blocks"),
+    ],
+)
+def test_scheduler_knobs_refuse_bad_values_in_words(knobs: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        StallFreeScheduler(32, 4, MockKVCacheManager(num_blocks=8, block_size=4), **knobs)
+
+
+def test_swap_keeps_outputs_and_replaces_recompute() -> None:
+    work = preemption_workload(24)
+    common = {"num_blocks": 13, "max_batch_size": 12}
+    recompute, r_sched = simulate_run(work, **common)
+    swap, s_sched = simulate_run(
+        work, preemption_mode="swap", num_cpu_blocks=1000, swap_costs=simulated_preemption_costs(), **common
+    )
+    assert r_sched.num_preemptions > 0 and recomputed_tokens(recompute) > 0, "the workload must preempt"
+    assert s_sched.num_swapped_out_tokens == s_sched.num_swapped_in_tokens > 0, "every swap-out comes back in"
+    assert recomputed_tokens(swap) == 0, "with room in the CPU pool nothing is fed twice"
+    assert recompute.trace.outputs() == swap.trace.outputs(), "the preemption mode never changes the outputs"
+
+
 def test_quick_study_json_has_its_figures() -> None:
     env = {**os.environ, "KVCOURSE_SOLUTIONS": "1"}
     done = subprocess.run(
@@ -83,6 +165,18 @@ def test_quick_study_json_has_its_figures() -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["study"] == "serving" and result["clock"] == "simulated"
     assert {"device", "date", "rate_sweep", "budget_sweep", "knee_rate"} <= set(result)
+    assert {"admission", "priority", "watermark", "swap"} <= set(result)
     for row in result["rate_sweep"]:
         assert row["ttft_p50"] <= row["ttft_p90"] <= row["ttft_p99"]
         assert row["requests"] > 0
+    assert result["knee_rate"] is None or result["knee_rate"] in [row["rate"] for row in result["rate_sweep"]]
+    assert set(result["admission"]) == {"fcfs", "skip_ahead"} and set(result["priority"]) == {"fcfs", "priority"}
+    for row in result["admission"].values():
+        assert row["num_long"] > 0 and row["long_ttft_p50"] <= row["long_ttft_p99"]
+    marks = result["watermark"]
+    assert [row["watermark"] for row in marks] == sorted(row["watermark"] for row in marks)
+    assert all(row["preemptions"] >= 0 and row["recomputed_tokens"] >= 0 for row in marks)
+    assert marks[0]["watermark"] == 0.0 and marks[0]["preemptions"] > 0, "the study's load must preempt without one"
+    swap = result["swap"]
+    assert swap["crossover_tokens"] is None or 1 <= swap["crossover_tokens"] <= 1024
+    assert all(row["faster"] in ("swap", "recompute", "same") for row in swap["rows"])

@@ -259,6 +259,31 @@ def admission_tails(rate: float, num_requests: int, num_blocks: int = 40, **sim)
     return rows
 
 
+def with_priorities(workload: Workload, urgent_every: int = 4) -> Workload:
+    """The same requests, one in every `urgent_every` marked urgent (priority 0; the rest priority 1)."""
+    priorities = tuple(0 if i % urgent_every == 0 else 1 for i in range(len(workload.prompt_lens)))
+    return Workload(workload.prompt_lens, workload.output_lens, workload.arrivals, priorities)
+
+
+def priority_study(rate: float, num_requests: int, num_blocks: int = 40, **sim) -> dict:
+    """FCFS against policy="priority" when one request in four is urgent: whose TTFT tail moves?"""
+    work = with_priorities(make_workload(num_requests, rate))
+    rows = {}
+    for policy in ("fcfs", "priority"):
+        run, scheduler = simulate_run(work, num_blocks=num_blocks, policy=policy, **sim)
+        urgent = [t.ttft for t in run.times if t.token_times and t.priority == 0]
+        rest = [t.ttft for t in run.times if t.token_times and t.priority != 0]
+        rows[policy] = {
+            "urgent_ttft_p50": percentile(urgent, 50),
+            "urgent_ttft_p99": percentile(urgent, 99),
+            "other_ttft_p50": percentile(rest, 50),
+            "other_ttft_p99": percentile(rest, 99),
+            "preemptions": scheduler.num_preemptions,
+            **summarize(run.times, **SLO),
+        }
+    return rows
+
+
 def watermark_study(watermarks: Sequence[float], rate: float, num_requests: int, num_blocks: int = 40, **sim) -> list:
     """Preemptions and recomputed tokens as the watermark keeps more blocks free for running decodes."""
     work = make_workload(num_requests, rate)
@@ -343,6 +368,7 @@ def run(quick: bool = True, *, reference: bool = False) -> dict:
         "knee_rate": knee(sweep),
         "budget_sweep": budget_sweep((32, 64, 128, 256, 512), rate=4, num_requests=n),
         "admission": admission_tails(rate=8, num_requests=n),
+        "priority": priority_study(rate=8, num_requests=n),
         "watermark": watermark_study((0.0, 0.05, 0.1, 0.2), rate=8, num_requests=n),
         "swap": swap_study((8, 16, 24, 32, 48, 64) if quick else (4, 8, 12, 16, 20, 24, 28, 32, 48, 64)),
     }
@@ -373,6 +399,12 @@ def print_table(result: dict) -> None:
             f"{name:<10} {row['long_ttft_p50']:>14.2f} {row['long_ttft_p99']:>5.2f} "
             f"{row['short_ttft_p50']:>16.2f} {row['short_ttft_p99']:>5.2f} {row['output_tokens_per_s']:>7.1f}"
         )
+    print("policy     urgent TTFT p50   p99   others TTFT p50   p99  preemptions")
+    for name, row in result["priority"].items():
+        print(
+            f"{name:<10} {row['urgent_ttft_p50']:>16.2f} {row['urgent_ttft_p99']:>5.2f} "
+            f"{row['other_ttft_p50']:>17.2f} {row['other_ttft_p99']:>5.2f} {row['preemptions']:>12}"
+        )
     print("watermark  preemptions  recomputed tokens  TTFT p99  TPOT p99")
     for row in result["watermark"]:
         print(
@@ -387,6 +419,68 @@ def print_table(result: dict) -> None:
             f"{row['prompt_len']:>6} {row['swap_s']:>7.3f} {row['recompute_s']:>12.3f} {row['recompute_run_s']:>17.2f} "
             f"{row['swap_run_s']:>7.2f} {row['preemptions_recompute']:>12} {row['faster']:>7}"
         )
+
+
+def plot_latency_distributions(times: Sequence[RequestTimes], title: str = ""):
+    """TTFT and TPOT of every request, side by side, with p50 and p99 marked."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    done = [t for t in times if t.token_times]
+    for ax, name, values in (
+        (axes[0], "TTFT (s)", [t.ttft for t in done]),
+        (axes[1], "TPOT (s)", [t.tpot for t in done if len(t.token_times) > 1]),
+    ):
+        ax.hist(values, bins=30, color="tab:blue", alpha=0.7)
+        for p, style in ((50, "--"), (99, ":")):
+            ax.axvline(percentile(values, p), color="black", linestyle=style, label=f"p{p}")
+        ax.set_xlabel(name)
+        ax.set_ylabel("requests")
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rate_sweep(sweep: list[dict]):
+    """The latency-throughput curve: p50/p99 TTFT and output tokens/s as the request rate grows."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+    rates = [row["rate"] for row in sweep]
+    left.plot(rates, [row["ttft_p50"] for row in sweep], "o-", label="TTFT p50")
+    left.plot(rates, [row["ttft_p99"] for row in sweep], "s-", label="TTFT p99")
+    left.axhline(SLO["slo_ttft_s"], color="grey", linestyle="--", label="SLO")
+    left.set_xlabel("request rate (requests/s)")
+    left.set_ylabel("seconds")
+    left.legend()
+    right.plot([row["output_tokens_per_s"] for row in sweep], [row["ttft_p99"] for row in sweep], "o-")
+    for row in sweep:
+        right.annotate(f"{row['rate']}/s", (row["output_tokens_per_s"], row["ttft_p99"]), fontsize=8)
+    right.set_xlabel("throughput (output tokens/s)")
+    right.set_ylabel("TTFT p99 (s)")
+    right.set_title("latency against throughput")
+    fig.tight_layout()
+    return fig
+
+
+def plot_budget_tradeoff(rows: list[dict]):
+    """The chunked-prefill trade-off in one picture: TTFT falls and the decode stall grows with the budget."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    budgets = [row["token_budget"] for row in rows]
+    ax.plot(budgets, [row["ttft_p99"] for row in rows], "o-", color="tab:blue", label="TTFT p99")
+    ax.plot(budgets, [row["ttft_p50"] for row in rows], "o--", color="tab:blue", label="TTFT p50")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("token budget per step (max_num_batched_tokens)")
+    ax.set_ylabel("TTFT (s)", color="tab:blue")
+    other = ax.twinx()
+    other.plot(budgets, [row["itl_p99"] for row in rows], "s-", color="tab:red", label="ITL p99")
+    other.set_ylabel("inter-token latency p99 (s)", color="tab:red")
+    fig.legend(loc="upper center", ncols=3, fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -173,6 +173,31 @@ _QUESTIONS = [
         kind="int",
         digest="5f647de929ffe71d90992ddbbca1e2509d7703e819c319be6d1bb2f8687a00c6",
     ),
+    Question(
+        id="7.a",
+        notebook="07",
+        prompt="As the token budget grows from 32 to 512, the p99 inter-token latency (a) falls, "
+        "(b) stays about the same, (c) grows",
+        kind="choice",
+        choices=("a", "b", "c"),
+        digest="27db499e684181c6b8617fb0f6bfa6edda328950e8c52139e7f5f5e2f77064f9",
+    ),
+    Question(
+        id="7.b",
+        notebook="07",
+        prompt="Which admission gives the long prompts the lower p99 TTFT: fcfs or skip_ahead",
+        kind="choice",
+        choices=("fcfs", "skip_ahead"),
+        digest="f43d0ebeeb8126c0b0ef6b30eefda1fd7693623f2a42adc94adbe3c88aaa281e",
+    ),
+    Question(
+        id="7.c",
+        notebook="07",
+        prompt="GPT-2 small on an H200 over PCIe 5.0: is swapping ever cheaper than recomputing within 1,024 tokens",
+        kind="choice",
+        choices=("yes", "no"),
+        digest="a9e5dc2c0e994836c2f6479473581d6145455a35668c3ef2241ce4326c2c720b",
+    ),
 ]
 
 QUESTIONS: dict[str, Question] = {question.id: question for question in _QUESTIONS}

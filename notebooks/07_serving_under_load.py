@@ -1,0 +1,381 @@
+# %% [markdown]
+# # 07 · Serving under load
+#
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
+# Until now every workload put all its requests in the queue at time zero and we counted throughput.
+# A server's day is different: requests **arrive** while it works, and each user feels **latency**. That
+# is where a scheduler's policy choices show. This notebook measures what vLLM's serving benchmark
+# measures, on the scheduler you built, and adds the policy knobs vLLM's scheduler exposes:
+#
+# 1. arrivals over time and a clock; per request **TTFT** (time to first token), **TPOT** (time per output
+#    token after the first), **ITL** (the gaps between tokens), **E2E** (end-to-end latency); per run their
+#    percentiles, throughput, and **goodput** (requests per second that met a latency SLO);
+# 2. the latency–throughput knee; the token-budget trade-off of chunked prefill; FCFS against skip-ahead;
+# 3. five exercises in `kvcourse/scheduler.py` and `kvcourse/kv_cache.py`:
+#
+# | exercise | what you write | minutes |
+# |---|---|---|
+# | 7.1 | priority scheduling: the queue by (priority, arrival), the least urgent is the victim | 15 |
+# | 7.2 | a watermark: admit only while some blocks stay free for running decodes | 10 |
+# | 7.3 | swap or recompute: the cost model and its crossover | 10 |
+# | 7.4 | abort: a cancelled request gives every block back at once | 10 |
+# | 7.5 | `reset_prefix_cache`: drop every cached prefix, refused while a block is held | 5 |
+#
+# **The clock.** On a GPU the honest clock is the wall clock. On a CPU, timings jitter from run to run, so
+# the studies here use a **simulated clock**: each engine step costs `fixed + per_token × tokens fed`
+# seconds, a cost model of GPT-2 small's engine steps on a CPU (`serving.GPT2_CPU_STEP_COST`, printed
+# below; `serving.fit_step_cost(serving.measure_step_costs(model))` fits one to your machine). The
+# scheduler, the engine loop and every decision are the real ones; only the time each step takes comes
+# from the model, so every output below is the same on every machine.
+
+# %%
+# In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
+import importlib.util
+import os
+import subprocess
+import sys
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+if IN_COLAB and importlib.util.find_spec("kvcourse") is None:
+    if not os.path.isdir("/content/kvcourse"):
+        subprocess.run(
+            ["git", "clone", "--depth=1", "https://github.com/kvcourse-org/kvcourse", "/content/kvcourse"], check=True
+        )
+    sys.path.insert(0, "/content/kvcourse")
+    from kvcourse.course.colab import install
+
+    install("/content/kvcourse")
+if IN_COLAB:
+    os.chdir("/content/kvcourse/notebooks")  # where the notebooks read their data from
+# %load_ext autoreload
+# %autoreload 2
+
+# %%
+import matplotlib.pyplot as plt
+
+from kvcourse import answer, check, hint, solution, toy  # noqa: F401  (hint, solution: for you)
+from kvcourse.bench import serving
+from kvcourse.kv_cache import KVCacheManager
+from kvcourse.kv_cache_interface import MockKVCacheManager
+from kvcourse.request import Request, RequestStatus
+from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
+from kvcourse.toy.arrivals import SimulatedClock, serve
+
+cost = serving.GPT2_CPU_STEP_COST
+print(f"simulated step: {cost.fixed_s * 1e3:.1f} ms + {cost.per_token_s * 1e3:.2f} ms per token fed")
+
+# %% [markdown]
+# ## 1. Arrivals and a clock
+#
+# `serve(scheduler, arrivals, clock)` is the engine's own loop (`EngineCore`: schedule, execute, update)
+# with one addition: before each step, every request whose arrival time has passed joins the waiting
+# queue, as in vLLM's engine. Arrivals come from a Poisson process (exponential gaps at a given rate) or
+# from a trace. Here: three requests, the third arriving while the first two are decoding.
+
+# %%
+arrivals = [(0.0, Request(0, list(range(1, 41)), 6)), (0.0, Request(1, list(range(1, 9)), 6))]
+arrivals.append((0.15, Request(2, list(range(50, 80)), 6)))
+scheduler = StallFreeScheduler(64, 8, MockKVCacheManager(num_blocks=32, block_size=16))
+result = serve(scheduler, arrivals, SimulatedClock(serving.GPT2_CPU_STEP_COST))
+for t in result.times:
+    gaps = ", ".join(f"{gap * 1e3:.0f}" for gap in t.itl)
+    print(
+        f"R{t.request_id}: arrives {t.arrival:.2f} s, prompt {t.prompt_len:>2} | TTFT {t.ttft:.3f} s, "
+        f"TPOT {t.tpot * 1e3:.0f} ms, E2E {t.e2e:.3f} s | ITL (ms): {gaps}"
+    )
+
+# %% [markdown]
+# Read R2: it arrived mid-run and joined the running batch at the next step (continuous batching), so
+# its TTFT is its wait for that step plus its own prefill. R0 and R1 felt it: one of their gaps is
+# longer than the others, the step in which R2's prefill shared the batch with their decodes. Now a real load: 64 requests arriving at 4 per
+# second, mostly short prompts (8–48 tokens) with one long prompt (160–240 tokens) in eight.
+
+# %%
+work = serving.make_workload(64, rate=4)
+times = serving.simulate(work)
+summary = serving.summarize(times, **serving.SLO)
+print(f"{summary['requests']} requests in {summary['duration_s']:.1f} s (simulated)")
+for metric in ("ttft", "tpot", "itl", "e2e"):
+    print(
+        f"{metric.upper():>4}: p50 {summary[f'{metric}_p50']:.3f} s   p90 {summary[f'{metric}_p90']:.3f} s   p99 {summary[f'{metric}_p99']:.3f} s"
+    )
+print(
+    f"throughput {summary['output_tokens_per_s']:.1f} output tokens/s, goodput {summary['goodput']:.2f} "
+    f"requests/s meeting TTFT <= {serving.SLO['slo_ttft_s']} s and TPOT <= {serving.SLO['slo_tpot_s']} s"
+)
+
+# %%
+serving.plot_latency_distributions(times, "64 requests at 4 per second")
+plt.show()
+
+# %% [markdown]
+# The TTFT histogram has a long right tail: the long prompts (a 200-token prefill is one long step, or
+# several) and whoever queued behind them. The p99 is what an SLO is written against, not the
+# mean.
+#
+# ## 2. The latency–throughput knee
+#
+# Raise the request rate. At first throughput follows the load and latency barely moves: the batch
+# just grows. Past some rate the engine cannot keep up, the queue grows for as long as requests keep
+# coming, and TTFT climbs steeply. The knee is the highest rate whose p99 TTFT still meets the SLO.
+
+# %%
+sweep = serving.rate_sweep((1, 2, 4, 6, 8, 12), 64)
+print(" rate  tok/s  goodput  TTFT p50   p99   TPOT p50   p99")
+for row in sweep:
+    print(
+        f"{row['rate']:>5} {row['output_tokens_per_s']:>6.1f} {row['goodput']:>8.2f} {row['ttft_p50']:>9.2f} "
+        f"{row['ttft_p99']:>5.2f} {row['tpot_p50']:>10.3f} {row['tpot_p99']:>5.3f}"
+    )
+print(f"knee: {serving.knee(sweep)} requests/s (the highest rate with p99 TTFT <= {serving.SLO['slo_ttft_s']} s)")
+serving.plot_rate_sweep(sweep)
+plt.show()
+
+# %% [markdown]
+# Goodput is the figure to watch: it rises with the rate up to the knee, then falls while raw
+# throughput still creeps up. Past the knee more requests are served per second, but fewer of them
+# are served well.
+#
+# ## 3. The token budget: chunked prefill's trade-off
+#
+# The token budget (vLLM's `max_num_batched_tokens`) caps the tokens one step feeds. A long prompt is
+# cut into chunks of what is left of the budget after the decodes. **Predict** before the next cell:
+# as the budget grows from 32 to 512 tokens per step, what happens to the p99 inter-token latency of
+# the requests that are decoding?
+
+# %%
+answer("7.a", None)
+
+# %%
+budgets = serving.budget_sweep((32, 64, 128, 256, 512), rate=4, num_requests=64)
+print("budget  TTFT p50   p99   TPOT p99   ITL p99")
+for row in budgets:
+    print(
+        f"{row['token_budget']:>6} {row['ttft_p50']:>9.2f} {row['ttft_p99']:>5.2f} "
+        f"{row['tpot_p99']:>10.3f} {row['itl_p99']:>9.3f}"
+    )
+serving.plot_budget_tradeoff(budgets)
+plt.show()
+
+# %% [markdown]
+# One picture, two curves going opposite ways. A big budget lets a long prompt's prefill run in one
+# or two steps: its TTFT falls. But every running request decodes in the same step, so each of them
+# waits for that whole prefill: the inter-token latency a streaming user sees jumps. A small budget
+# chops prefills into many steps (TTFT grows) and keeps every step short (smooth streaming). vLLM's
+# `long_prefill_token_threshold` is a second knob on the same trade-off: it caps the chunk of any one
+# long prompt, so a single request cannot take the whole budget.
+#
+# ## 4. FCFS against skip-ahead
+#
+# Notebook 02 made admission first come, first served: when the head of the queue does not fit, nobody
+# behind it goes first. Skip-ahead admits whoever fits. In a cache of 40 blocks (640 tokens) at
+# 8 requests per second, a long prompt often does not fit while short ones do. **Predict:** which
+# admission gives the **long** prompts the lower p99 TTFT?
+
+# %%
+answer("7.b", None)
+
+# %%
+tails = serving.admission_tails(rate=8, num_requests=64)
+print("admission   long TTFT p50   p99   short TTFT p50   p99   tok/s")
+for name, row in tails.items():
+    print(
+        f"{name:<10} {row['long_ttft_p50']:>14.2f} {row['long_ttft_p99']:>5.2f} {row['short_ttft_p50']:>16.2f} "
+        f"{row['short_ttft_p99']:>5.2f} {row['output_tokens_per_s']:>7.1f}"
+    )
+
+# %% [markdown]
+# Skip-ahead looks better on average (the many short requests get in sooner) and moves the pain onto
+# the long prompts, whose tail grows: every short request that slips past takes blocks a long prompt
+# was waiting for. FCFS is fairer: the tails of both kinds stay close. This is why vLLM v1 stops at a
+# head that does not fit; when some requests should go first, it says so explicitly, with priorities.
+#
+# ## 5. Exercise 7.1: priority scheduling
+#
+# With `StallFreeScheduler(..., policy="priority")` (vLLM's `scheduling_policy="priority"`) each
+# request carries a `priority` (lower is more urgent, as in vLLM) and an `arrival_time`. Two places
+# change, both in `kvcourse/scheduler.py`:
+#
+# * `_insert_by_priority(request)`: the waiting queue stays ordered by `(priority, arrival_time)`, so
+#   admission, which still stops at the head, admits the most urgent first;
+# * `_preempt_lowest_priority()`: when memory is short, the victim is the running request with the
+#   largest `(priority, arrival_time)`, not the newest admission, and it rejoins the queue at its place.
+#
+# One subtlety is handled for you in `schedule_next_batch`: a decode already planned this step may
+# belong to the request a later chunk preempts; it leaves the batch (its blocks are gone).
+
+# %%
+check("7.1")
+
+# %%
+priorities = serving.priority_study(rate=8, num_requests=64)
+print("policy     urgent TTFT p50   p99   others TTFT p50   p99  preemptions")
+for name, row in priorities.items():
+    print(
+        f"{name:<10} {row['urgent_ttft_p50']:>16.2f} {row['urgent_ttft_p99']:>5.2f} {row['other_ttft_p50']:>17.2f} "
+        f"{row['other_ttft_p99']:>5.2f} {row['preemptions']:>12}"
+    )
+
+# %% [markdown]
+# One request in four is marked urgent. Under FCFS they wait like everyone else; under the priority
+# policy their tail collapses, and the others pay a little. Priority does not create capacity: it
+# chooses who waits.
+#
+# ## 6. Exercise 7.2: a watermark
+#
+# When everything arrives at once, notebook 06's memory study saw paged-16 recompute a large share of
+# its trace: admission filled the cache, then running decodes needed one more block each and someone
+# had to be preempted. A **watermark** (vLLM v0's block manager had one, 1% by default) admits a
+# request only while, after its first chunk, at least `watermark_blocks` blocks stay free for the
+# running decodes to grow into. Write `_keeps_watermark` in `kvcourse/scheduler.py`.
+
+# %%
+check("7.2")
+
+# %%
+marks = serving.watermark_study((0.0, 0.05, 0.1, 0.2), rate=8, num_requests=64)
+print("watermark  preemptions  recomputed tokens  TTFT p99  TPOT p99")
+for row in marks:
+    print(
+        f"{row['watermark']:>9} {row['preemptions']:>12} {row['recomputed_tokens']:>18} "
+        f"{row['ttft_p99']:>9.2f} {row['tpot_p99']:>9.3f}"
+    )
+
+# %% [markdown]
+# Recomputed tokens are work done twice (every token fed, minus each request's prompt and outputs
+# fed once). A small watermark removes most preemptions and steadies TPOT; a large one keeps blocks
+# idle, so requests wait longer to start. vLLM v1 dropped the watermark: its admission is
+# conservative in other ways, and it preempts by recompute only.
+#
+# ## 7. Exercise 7.3: swap or recompute?
+#
+# A preempted request loses its K/V and recomputes it later (the course's default, and vLLM v1's only
+# mode). vLLM v0 could also **swap**: copy the victim's blocks to a CPU block pool and copy them back
+# on re-admission. Which is cheaper depends on the machine: a swap moves bytes twice over the
+# host–device link, a recompute spends FLOPs once. Write `swap_seconds`, `recompute_seconds` and
+# `swap_crossover` (the shortest context for which swapping wins) in `kvcourse/scheduler.py`.
+
+# %%
+check("7.3")
+
+# %% [markdown]
+# **Predict:** GPT-2 small (124M parameters, 36,864 bytes of fp16 K/V per token) on an H200: about
+# 400 TFLOP/s achieved on a prefill, a PCIe 5.0 x16 link at 64 GB/s with 10 µs per transfer. Is
+# swapping ever cheaper than recomputing within GPT-2's 1,024-token context?
+
+# %%
+answer("7.c", None)
+
+# %%
+h200 = PreemptionCosts(
+    kv_bytes_per_token=36_864,
+    link_bytes_per_s=64e9,
+    link_latency_s=10e-6,
+    flops_per_token=2 * 124e6,
+    flops_per_s=400e12,
+)
+print(
+    f"H200, 1,024 tokens: swap {swap_seconds(1024, h200) * 1e3:.2f} ms, recompute {recompute_seconds(1024, h200) * 1e3:.2f} ms"
+)
+print(f"crossover within 1,024 tokens: {swap_crossover(h200, 1024)}")
+sim = serving.simulated_preemption_costs()
+print(
+    f"the simulated CPU machine: recompute {recompute_seconds(1, sim) * 1e3:.2f} ms per token; swap over the assumed "
+    f"link {serving.SWAP_LINK}: crossover at {swap_crossover(sim, 1024)} tokens"
+)
+
+# %% [markdown]
+# On a GPU, a small model recomputes a token far faster than the link moves its K/V: recompute always
+# wins, which is one reason vLLM v1 keeps recompute only. On a CPU, compute is slow and swap wins early.
+# The study below serves the same preemption-heavy workload (12 equal prompts arriving together into a
+# cache that fits three at their longest) both ways, on the simulated machine, at prompt lengths around
+# its crossover. Swap runs use the scheduler's `preemption_mode="swap"` with a CPU block pool; the toy
+# executor keeps each request's K/V in its own list, which stands in for the CPU copy (the GPT-2 engine
+# preempts by recompute only).
+
+# %%
+swap = serving.swap_study((8, 16, 24, 32, 48, 64))
+print(f"cost model's crossover: {swap['crossover_tokens']} tokens")
+print("prompt  swap s  recompute s  | served: recompute s  swap s  preemptions  faster")
+for row in swap["rows"]:
+    print(
+        f"{row['prompt_len']:>6} {row['swap_s']:>7.3f} {row['recompute_s']:>12.3f}  | {row['recompute_run_s']:>19.2f} "
+        f"{row['swap_run_s']:>7.2f} {row['preemptions_recompute']:>12} {row['faster']:>7}"
+    )
+
+# %% [markdown]
+# The served runs flip from recompute to swap near the model's crossover. They flip a little
+# earlier than the prompt length alone predicts, because a victim has usually generated some tokens
+# by the time it is preempted: its context is longer than its prompt.
+#
+# ## 8. Exercise 7.4: abort
+#
+# A client disconnects; the server calls `scheduler.finish_requests([id], RequestStatus.ABORTED,
+# reason)` (vLLM's name). Its core, `_end_request`, is yours: a request cancelled while waiting or
+# running gives back every block at once, and nothing else changes.
+
+# %%
+check("7.4")
+
+# %%
+scheduler = StallFreeScheduler(32, 4, MockKVCacheManager(num_blocks=16, block_size=4))
+reqs = toy.toy_requests([9, 5, 7], max_new_tokens=6, seed=1)
+for req in reqs:
+    scheduler.add_request(req)
+batch = scheduler.schedule_next_batch()
+scheduler.update_from_output(batch, toy.ToyExecutor().execute(batch))
+print(f"after one step: {scheduler.kv_cache_manager.get_num_free_blocks()} of 16 blocks free; {scheduler!r}")
+scheduler.finish_requests([0], RequestStatus.ABORTED, "client went away")
+print(f"R0 aborted:     {scheduler.kv_cache_manager.get_num_free_blocks()} of 16 blocks free; {scheduler!r}")
+print(
+    f"R0: {reqs[0].status.name}, {reqs[0].reason!r}; R1 still holds blocks {scheduler.kv_cache_manager.get_block_ids(reqs[1])}"
+)
+
+# %% [markdown]
+# ## 9. Exercise 7.5: `reset_prefix_cache`
+#
+# After new weights are loaded, or before a cold-cache benchmark, every cached prefix must go: its
+# K/V no longer matches. `KVCacheManager.reset_prefix_cache()` (vLLM's name) unpublishes every
+# cached-free block. Like vLLM, it refuses (returns `False`, with a warning that says why, also kept in
+# `manager.reset_refusal`) while any block is held by a request. Write `BlockPool.reset_prefix_cache`
+# in `kvcourse/kv_cache.py`.
+
+# %%
+check("7.5")
+
+# %%
+manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+first = Request(0, list(range(1, 14)), 2)
+manager.allocate_slots(first, first.num_tokens)
+print("while R0 holds its blocks:", manager.reset_prefix_cache(), "|", manager.reset_refusal)
+manager.free(first)
+probe = Request(1, list(range(1, 14)), 2)
+print(f"after R0 ends: the same prompt finds {manager.get_computed_blocks(probe)[1]} cached tokens")
+print("reset:", manager.reset_prefix_cache(), f"| now it finds {manager.get_computed_blocks(probe)[1]}")
+
+# %% [markdown]
+# ## 10. Where each knob lives in vLLM v1
+#
+# | here | vLLM v1 | what it trades |
+# |---|---|---|
+# | `token_budget` | `max_num_batched_tokens` (`--max-num-batched-tokens`) | TTFT against inter-token stalls |
+# | chunk of one long prompt | `long_prefill_token_threshold` | one long prompt against everyone's steps |
+# | `policy="priority"`, `Request.priority` | `scheduling_policy="priority"`, `priority=` per request | urgent requests' tails against the rest |
+# | FCFS admission (stop at the head) | `scheduling_policy="fcfs"` (the default) | fairness against utilisation |
+# | `watermark` | v0's block-manager watermark (v1 has none) | preemptions against admissions |
+# | `preemption_mode="swap"` | v0's `preemption_mode="swap"`, `swap_space` (v1 recomputes only) | link bytes against FLOPs |
+# | `finish_requests(ids, ABORTED)` | `Scheduler.finish_requests` (abort on client disconnect) | nothing: memory back at once |
+# | `reset_prefix_cache()` | `LLM.reset_prefix_cache()`, `/reset_prefix_cache` | a cold cache on purpose |
+#
+# The same loop runs on a GPU with `WallClock()` in place of the simulated clock, and the whole study
+# is one command: `python -m kvcourse.bench serving [--quick] [--json]`; its last line is a JSON object
+# with every figure, per rate and per policy, the device and the date. Notebook 08 puts this engine
+# behind an OpenAI-compatible server and measures the same TTFT and TPOT from real clients.
