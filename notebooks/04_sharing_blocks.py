@@ -142,11 +142,17 @@ check("4.1")
 # grows. `KVCacheManager._block_hashes(request)` is that list, kept per request (a preempted request
 # keeps it; a finished one drops it), and both the lookup and the publishing read it.
 #
-# ### Exercise 4.2: `KVCacheManager._block_hashes`
+# The same goes for **publishing**: with caching on, `allocate_slots` (your 3.3) calls
+# `_cache_full_blocks`, which offers each block the step has filled with known tokens to the pool's
+# `cache_full_blocks` exactly once, under its hash. From then on a lookup can find it.
 #
-# The contract: the returned list equals `hash_request_tokens(block_size, request.all_token_ids)`,
-# and no block is ever hashed twice for the same request. The cell below lets a request grow and
-# counts the hash calls.
+# ### Exercise 4.2: hash once, publish once
+#
+# Three contracts, in `kvcourse/kv_cache.py`: `KVCacheManager._block_hashes` returns a list equal to
+# `hash_request_tokens(block_size, request.all_token_ids)` and never hashes a block twice for the same
+# request; `_cache_full_blocks` offers every newly full, known block once; `BlockPool.cache_full_blocks`
+# publishes a block under its hash unless the block is already published or another block already
+# serves that prefix. The cell below lets a request grow and counts the hash calls.
 
 # %%
 import kvcourse.kv_cache as kv_cache_module

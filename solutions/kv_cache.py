@@ -204,11 +204,17 @@ class BlockPool:
         """Publish full blocks under their hash, so later requests with the same prefix can share them."""
         if not self.enable_caching:
             return
+        # Exercise 4.2 (contract): afterwards each block (with its hash and tokens, given in the same
+        # order) is published: cached_block_hash_to_block maps the hash to it, and the block carries
+        # its block_hash and its token_ids as a tuple. Two exceptions leave things as they are: a block
+        # already published (it keeps its first hash), and a hash another block already serves.
+        # BEGIN SOLUTION 4.2
         for block, block_hash, tokens in zip(blocks, block_hashes, token_ids):
             if block.block_hash is not None or block_hash in self.cached_block_hash_to_block:
                 continue  # already published, or another block already serves this prefix
             block.block_hash, block.token_ids = block_hash, tuple(tokens)
             self.cached_block_hash_to_block[block_hash] = block
+        # END SOLUTION
 
     def get_cached_block(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVCacheBlock | None:
         """The published block for this hash, only if it really holds these tokens (a collision never hits)."""
@@ -345,9 +351,13 @@ class KVCacheManager:
     def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
         """Whether `allocate_slots(request, num_new_tokens)` would succeed now (changes nothing)."""
         check_token_count("num_new_tokens", num_new_tokens)
+        # Exercise 3.3 (contract): True exactly when allocate_slots(request, num_new_tokens) (no prefix
+        # hits) would return blocks rather than None right now, and nothing changes either way.
+        # BEGIN SOLUTION 3.3
         num_tokens = request.num_computed_tokens + num_new_tokens
         to_copy = self._shared_blocks_to_write(request, request.num_computed_tokens, num_tokens)
         return self._num_new_blocks(request, num_tokens, 0, len(to_copy)) is not None
+        # END SOLUTION
 
     # ---- allocation ----
 
@@ -499,6 +509,12 @@ class KVCacheManager:
         """Publish every block this step fills with KNOWN tokens (a prompt's at admission), under its hash."""
         if not self.enable_prefix_caching:
             return
+        # Exercise 4.2 (contract): after a step that makes the table cover num_tokens tokens, every
+        # FULL block of it whose tokens are all known (positions below request.num_tokens) has been
+        # offered to self.block_pool.cache_full_blocks with its hash (self._block_hashes) and its
+        # tokens, each block offered once per admission: self.num_cached_block[request.id] counts the
+        # leading blocks already offered (free() resets it).
+        # BEGIN SOLUTION 4.2
         num_full = min(num_tokens, request.num_tokens) // self.block_size
         num_done = self.num_cached_block.get(request.id, 0)
         if num_full <= num_done:
@@ -507,6 +523,7 @@ class KVCacheManager:
         block_tokens = [token_ids[i * size : (i + 1) * size] for i in range(num_done, num_full)]
         self.block_pool.cache_full_blocks(req_blocks[num_done:num_full], hashes[num_done:num_full], block_tokens)
         self.num_cached_block[request.id] = num_full
+        # END SOLUTION
 
     def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
         """Count an admission's tokens and hits, for the hit-rate plot (only while caching is on)."""
@@ -599,8 +616,12 @@ class KVCacheManager:
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies to run before the next forward pass; the list is then cleared."""
+        # Exercise 4.5 (contract): return the copies reported since the last call, oldest first, and
+        # leave none pending (the executor runs each copy exactly once).
+        # BEGIN SOLUTION 4.5
         copies, self.pending_copies = self.pending_copies, []
         return copies
+        # END SOLUTION
 
     def __repr__(self) -> str:
         """The numbers to glance at in a notebook: size, free blocks, requests, caching."""

@@ -150,7 +150,7 @@ _EXERCISES = [
         module="kv_cache",
         minutes=30,
         hint="Decide first, change second: work out everything the step will take from the pool, compare it with the free blocks, and only then touch anything.",
-        approach="_num_new_blocks: max(0, blocks_needed(num_tokens) - held); None when that plus num_extra exceeds the free blocks. allocate_slots: the step ends at num_computed_tokens + num_new_computed_tokens + num_new_tokens; find the shared blocks to copy; count extra free blocks (copies, and hits whose ref_cnt is 0); ask _num_new_blocks; on None return None. Otherwise create the table, touch and append the hits, make the copies, append the new blocks, publish full blocks, record an admission, return copies + new blocks.",
+        approach="can_allocate and allocate_slots share _num_new_blocks: max(0, blocks_needed(num_tokens) - held); None when that plus num_extra exceeds the free blocks. allocate_slots: hits = _check_allocation(...); the step ends at num_computed_tokens + num_new_computed_tokens + num_new_tokens; find the shared blocks to copy; count extra free blocks (copies, and hits whose ref_cnt is 0); ask _num_new_blocks and return None on None. Otherwise create the table, touch and append the hits, make the copies, append the new blocks, publish full blocks, record an admission, return copies + new blocks.",
     ),
     Exercise(
         id="3.4",
@@ -170,11 +170,11 @@ _EXERCISES = [
     ),
     Exercise(
         id="4.2",
-        title="Hash once, extend as the request grows",
+        title="Hash once, publish once",
         module="kv_cache",
-        minutes=10,
-        hint="The list you are given is the request's memory of what it already hashed: only the blocks after its end are new.",
-        approach="While one more full block of request.all_token_ids fits after the hashes already known, hash it with the last known hash as parent (None for the first) and append it; return the list.",
+        minutes=20,
+        hint="A request's tokens only ever grow: what it hashed or published before is still right, so only the blocks after that need work.",
+        approach="_block_hashes: while one more full block of request.all_token_ids fits after the known hashes, hash it with the last hash as parent (None first) and append. _cache_full_blocks: full = min(num_tokens, request.num_tokens) // block_size; offer blocks num_cached_block .. full with their hashes and token slices to the pool, then remember full. cache_full_blocks: skip a block that has a hash or whose hash is already in the map; else set its hash and tuple(tokens) and add it to the map.",
     ),
     Exercise(
         id="4.3",
@@ -198,7 +198,7 @@ _EXERCISES = [
         module="kv_cache",
         minutes=15,
         hint="A fork copies the table, not the blocks. A copy-on-write swaps one entry of the table for a fresh block.",
-        approach="fork: touch the parent's blocks and store list(parent's blocks) as the child's table. _copy_on_write: take len(indices) new blocks; for each index, free the old block through the pool, put the new one in its place, and append (old id, new id) to pending_copies; return the new blocks.",
+        approach="fork: touch the parent's blocks and store list(parent's blocks) as the child's table. _copy_on_write: take len(indices) new blocks; for each index, free the old block through the pool, put the new one in its place, and append (old id, new id) to pending_copies; return the new blocks. take_pending_copies: swap the list for an empty one and return the old one.",
     ),
     Exercise(
         id="4.6",

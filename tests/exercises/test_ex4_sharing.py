@@ -240,6 +240,60 @@ def test_a_preempted_request_is_not_hashed_again(count_hashes):
     assert manager._block_hashes(req) == hash_request_tokens(4, req.all_token_ids), "the chain should still be right"
 
 
+@pytest.mark.ex4_2
+def test_admission_publishes_the_full_prompt_blocks():
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    req = request(1, SYSTEM + [5, 6, 7, 8, 9, 10])  # 18 tokens: 4 full blocks and 2 tokens
+    manager.allocate_slots(req, req.num_tokens)
+    table, published = manager.get_blocks(req).blocks, manager.block_pool.cached_block_hash_to_block
+    hashes = hash_request_tokens(4, req.all_token_ids)
+    assert len(published) == 4, "admission should publish every FULL block of the prompt, and only those"
+    for i, block_hash in enumerate(hashes):
+        assert published.get(block_hash) is table[i], f"block {i} should be published under its chain hash"
+        assert table[i].token_ids == tuple(req.all_token_ids[4 * i : 4 * i + 4]), "a block keeps its tokens"
+    assert table[4].block_hash is None, "a partly filled block must not be published"
+
+
+@pytest.mark.ex4_2
+def test_blocks_are_published_as_they_fill():
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    req = request(1, [1, 2, 3, 4, 5, 6])
+    manager.allocate_slots(req, 6)
+    req.num_computed_tokens = 6
+    assert manager.block_pool.get_num_cached_blocks() == 1, "a 6-token prompt has one full block to publish"
+    for token in (7, 8):  # two decode steps fill the second block
+        req.output_tokens.append(token)
+        manager.allocate_slots(req, 1)
+        req.num_computed_tokens += 1
+    assert manager.block_pool.get_num_cached_blocks() == 2, "a block should be published once decodes fill it"
+    assert manager.get_blocks(req).blocks[1].block_hash == hash_request_tokens(4, req.all_token_ids)[1]
+
+
+@pytest.mark.ex4_2
+def test_a_prefix_already_served_is_not_published_again():
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    first, second = request(1, SYSTEM), request(2, SYSTEM)  # admitted without a lookup: computed twice
+    manager.allocate_slots(first, 12)
+    manager.allocate_slots(second, 12)
+    published = list(manager.block_pool.cached_block_hash_to_block.values())
+    assert published == list(manager.get_blocks(first).blocks), (
+        "the first block published for a prefix keeps serving it"
+    )
+    assert all(b.block_hash is None for b in manager.get_blocks(second).blocks), (
+        "a block whose prefix another block already serves stays unpublished"
+    )
+
+
+@pytest.mark.ex4_2
+def test_a_published_block_keeps_its_first_hash():
+    pool = BlockPool(2, enable_caching=True)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_full_blocks([block], [b"first"], [[1, 2]])
+    pool.cache_full_blocks([block], [b"second"], [[3, 4]])
+    assert block.block_hash == b"first" and block.token_ids == (1, 2), "a published block keeps its first hash"
+    assert pool.get_num_cached_blocks() == 1, "publishing a block twice must not add a second entry"
+
+
 @pytest.mark.ex4_3
 def test_hits_are_shared_not_copied():
     manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
