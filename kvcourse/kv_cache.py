@@ -195,7 +195,7 @@ class BlockPool:
         # already published (it keeps its first hash), and a hash another block already serves.
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 4.2 (Hash once, extend as the request grows): not written yet: edit kvcourse/kv_cache.py, BlockPool.cache_full_blocks."
+            "Exercise 4.2 (Hash once, publish once): not written yet: edit kvcourse/kv_cache.py, BlockPool.cache_full_blocks."
         )
 
     def get_cached_block(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVCacheBlock | None:
@@ -439,7 +439,7 @@ class KVCacheManager:
         # token, or is preempted and admitted again, costs at most its new full blocks.
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 4.2 (Hash once, extend as the request grows): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._block_hashes."
+            "Exercise 4.2 (Hash once, publish once): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._block_hashes."
         )
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
@@ -453,7 +453,7 @@ class KVCacheManager:
         # leading blocks already offered (free() resets it).
         # TODO: Exercise 4.2: write your code here, then delete the raise below.
         raise NotImplementedError(
-            "Exercise 4.2 (Hash once, extend as the request grows): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._cache_full_blocks."
+            "Exercise 4.2 (Hash once, publish once): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._cache_full_blocks."
         )
 
     def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
