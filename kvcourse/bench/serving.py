@@ -345,6 +345,39 @@ def swap_study(prompt_lens: Sequence[int], step_cost: StepCost = GPT2_CPU_STEP_C
     }
 
 
+def wall_clock_sweep(rates: Sequence[float], num_requests: int, model, num_blocks: int = 2048) -> list[dict]:
+    """GPT-2 itself under Poisson arrivals on the wall clock (a GPU run): the same metrics, measured."""
+    from kvcourse.engine import LLMEngine
+    from kvcourse.toy.arrivals import WallClock, serve_engine
+
+    rows = []
+    for rate in rates:
+        work = make_workload(num_requests, rate)
+        rng = random.Random(0)
+        arrivals = [
+            (a, [rng.randrange(50_000) for _ in range(n)], m)
+            for a, n, m in zip(work.arrivals, work.prompt_lens, work.output_lens)
+        ]
+        engine = LLMEngine(model, num_blocks=num_blocks, block_size=16, token_budget=256, max_batch_size=16)
+        result = serve_engine(engine, arrivals, WallClock())
+        rows.append({"rate": rate, **summarize(result.times, **SLO)})
+    return rows
+
+
+def _wall_clock_part(quick: bool) -> dict:
+    """On a GPU: GPT-2 small served on the wall clock; elsewhere, a note saying why it was skipped."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device: the wall-clock sweep runs on a GPU only (the simulated clock is above)"}
+    from kvcourse.models import load_gpt2
+
+    model = load_gpt2("gpt2", verbose=False).to("cuda")
+    rates = (4, 16, 64) if quick else (2, 4, 8, 16, 32, 64, 128)
+    sweep = wall_clock_sweep(rates, 32 if quick else 128, model)
+    return {"model": "gpt2", "rate_sweep": sweep, "knee_rate": knee(sweep)}
+
+
 def run(quick: bool = True, *, reference: bool = False) -> dict:
     """The serving study: rate sweep, token-budget sweep, FCFS against skip-ahead, watermark, swap against recompute."""
     from datetime import UTC, datetime
@@ -371,6 +404,7 @@ def run(quick: bool = True, *, reference: bool = False) -> dict:
         "priority": priority_study(rate=8, num_requests=n),
         "watermark": watermark_study((0.0, 0.05, 0.1, 0.2), rate=8, num_requests=n),
         "swap": swap_study((8, 16, 24, 32, 48, 64) if quick else (4, 8, 12, 16, 20, 24, 28, 32, 48, 64)),
+        "wall_clock": _wall_clock_part(quick),
     }
 
 
@@ -418,6 +452,16 @@ def print_table(result: dict) -> None:
         print(
             f"{row['prompt_len']:>6} {row['swap_s']:>7.3f} {row['recompute_s']:>12.3f} {row['recompute_run_s']:>17.2f} "
             f"{row['swap_run_s']:>7.2f} {row['preemptions_recompute']:>12} {row['faster']:>7}"
+        )
+    wall = result["wall_clock"]
+    if "skipped" in wall:
+        print(f"wall clock: skipped ({wall['skipped']})")
+        return
+    print(f"wall clock, {wall['model']} on this GPU: knee {wall['knee_rate']} requests/s")
+    for row in wall["rate_sweep"]:
+        print(
+            f"{row['rate']:>5} {row['output_tokens_per_s']:>8.1f} tok/s  TTFT p50 {row['ttft_p50']:.3f} p99 "
+            f"{row['ttft_p99']:.3f}  TPOT p50 {row['tpot_p50']:.4f} p99 {row['tpot_p99']:.4f}"
         )
 
 

@@ -2,7 +2,8 @@
 
 `serve(scheduler, arrivals, clock)` is the engine's own loop (`EngineCore`) with one addition: before
 each step, every request whose arrival time has passed joins the scheduler (vLLM's engine does the same
-between steps). The clock is
+between steps). `serve_engine(engine, arrivals, clock)` does the same for GPT-2's `LLMEngine`, through
+its `add_request` and `step`. The clock is
 
 * `SimulatedClock(step_cost)`: each step moves time on by `step_cost(tokens fed)` seconds (plus a swap's
   transfers), so a run on a CPU is deterministic and a notebook's outputs never change;
@@ -19,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvcourse.engine import EngineCore, Trace
+from kvcourse.engine import EngineCore, StepRecord, Trace
 from kvcourse.kv_cache_interface import SchedulerProtocol
 from kvcourse.request import Request
 from kvcourse.toy.executor import ToyExecutor
@@ -136,40 +137,85 @@ def serve(
     max_iterations: int = 1_000_000,
 ) -> ServingRun:
     """Serve requests as they arrive: before each step, everyone whose arrival time has passed joins the queue."""
-    if any(t < 0 for t, _ in arrivals):
-        raise ValueError("arrival times are seconds from the start of the run; they must be 0 or more.")
+    _check_arrival_times(arrivals)
     executor = executor if executor is not None else UnpagedToyExecutor()
     core = EngineCore(scheduler, executor)
+
+    def step() -> StepRecord:
+        record = core.step()
+        core.trace.steps.append(record)
+        for request_id in record.finished:
+            executor.release(request_id)
+        return record
+
+    def add(request: Request) -> Request:
+        scheduler.add_request(request)
+        return request
+
+    times = _loop(scheduler, arrivals, add, step, clock, lambda: core.iteration, max_iterations)
+    return ServingRun(core.trace, times, clock.now)
+
+
+def serve_engine(
+    engine,
+    arrivals: Sequence[tuple[float, Sequence[int] | str, int]],
+    clock: SimulatedClock | WallClock,
+    max_iterations: int = 1_000_000,
+) -> ServingRun:
+    """GPT-2 under arrivals: (time, prompt, max_new_tokens) triples join `engine` (an LLMEngine) between its steps.
+
+    With `WallClock()` this is what a GPU run measures; with a `SimulatedClock` a CPU run is deterministic.
+    Preemption is recompute only here (the GPT-2 engine's scheduler keeps its defaults).
+    """
+    _check_arrival_times(arrivals)
+    trace = engine.core.trace = engine.core.new_trace()
+    pairs = [(t, (prompt, max_new_tokens)) for t, prompt, max_new_tokens in arrivals]
+
+    def step() -> StepRecord:
+        engine.step(trace=True)
+        return trace.steps[-1]
+
+    def add(item: tuple) -> Request:
+        request = engine.add_request(*item)
+        trace.requests[request.id] = request
+        return request
+
+    times = _loop(engine.scheduler, pairs, add, step, clock, lambda: len(trace.steps), max_iterations)
+    return ServingRun(trace, times, clock.now)
+
+
+def _check_arrival_times(arrivals: Sequence[tuple]) -> None:
+    """Arrival times are offsets from the start of the run."""
+    if any(item[0] < 0 for item in arrivals):
+        raise ValueError("arrival times are seconds from the start of the run; they must be 0 or more.")
+
+
+def _loop(scheduler, arrivals, add, step, clock, steps_done, max_iterations: int) -> list[RequestTimes]:
+    """The serving loop: admit what has arrived, step (or idle until the next arrival), stamp each sampled token."""
     pending = deque(sorted(arrivals, key=lambda pair: pair[0]))
     times: dict[int, RequestTimes] = {}
     while pending or scheduler.has_unfinished_requests():
-        _admit_arrivals(scheduler, pending, clock.now, times)
+        while pending and pending[0][0] <= clock.now:
+            arrival, item = pending.popleft()
+            if isinstance(item, Request):
+                item.arrival_time = arrival
+            request = add(item)
+            request.arrival_time = arrival
+            times[request.id] = RequestTimes(request.id, arrival, request.num_prompt_tokens, priority=request.priority)
         if not scheduler.has_unfinished_requests():
             if pending:
                 clock.wait_until(pending[0][0])
             continue
-        if core.iteration >= max_iterations:
+        if steps_done() >= max_iterations:
             raise RuntimeError(f"the run did not finish within {max_iterations} steps; is the scheduler stuck?")
         swapped = _swap_counts(scheduler)
-        record = core.step()
-        core.trace.steps.append(record)
+        record = step()
         transfers, tokens = (after - before for after, before in zip(_swap_counts(scheduler), swapped))
         clock.after_step(record.num_tokens, transfers, tokens)
         for (request_id, _, _), samples in zip(record.scheduled, record.samples):
             if samples:
                 times[request_id].token_times.append(clock.now)
-        for request_id in record.finished:
-            executor.release(request_id)
-    return ServingRun(core.trace, [times[rid] for rid in sorted(times)], clock.now)
-
-
-def _admit_arrivals(scheduler, pending: deque, now: float, times: dict[int, RequestTimes]) -> None:
-    """Hand every request that has arrived by `now` to the scheduler, stamped with its arrival time."""
-    while pending and pending[0][0] <= now:
-        arrival, request = pending.popleft()
-        request.arrival_time = arrival
-        times[request.id] = RequestTimes(request.id, arrival, request.num_prompt_tokens, priority=request.priority)
-        scheduler.add_request(request)
+    return [times[rid] for rid in sorted(times)]
 
 
 def _swap_counts(scheduler) -> tuple[int, int]:
