@@ -17,7 +17,9 @@
 #    does each implementation get?
 # 4. **Block size**: the one knob the paged design adds, and what it trades.
 #
-# Nothing to fill in here: every study is a command you can also run from a terminal,
+# Nothing to fill in here, but three times you are asked to **predict** before the cell that shows the
+# answer: `answer("6.a", None)` says what is asked; replace `None` with your guess and run it (it is
+# graded on the scoreboard, beside the exercises). Every study is a command you can also run from a terminal,
 # `python -m kvcourse.bench {memory,throughput,kernel} [--quick] [--json]`, whose last line is one JSON
 # object with every figure and the device it ran on. The studies measure your `kvcourse` modules; to
 # measure the reference in `solutions/` instead, pass `reference=True` to a study's `run(...)` (or
@@ -57,6 +59,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from kvcourse import answer
 from kvcourse.bench import kernel, throughput
 from kvcourse.bench import waste as memory
 
@@ -89,6 +92,31 @@ from kvcourse.bench import waste as memory
 # * **external fragmentation & other**: free, yet the next request in line could not get it.
 #
 # The share that holds token states is the figure of merit; the paper's goal for paging was above 96%.
+#
+# **Predict first.** The table below answers all three, so guess before you run it.
+#
+# *6.a* When every request reserves the maximum length (`max`), what share of the pool holds token
+# states: (a) under 40%, (b) 40 to 70%, (c) 70 to 90%, or (d) over 90%?
+
+# %%
+answer("6.a", None)
+
+# %% [markdown]
+# *6.b* Paged, with blocks of 1, 8, 16, 32, 64 or 128 tokens: which block size leaves the largest share
+# of the pool holding token states? Answer with the number of tokens per block.
+
+# %%
+answer("6.b", None)
+
+# %% [markdown]
+# *6.c* The **batch** column is the mean number of requests running side by side. How many times more
+# does `paged-16` run than `max`: (a) under 1.5, (b) 1.5 to 3, (c) 3 to 5, or (d) over 5?
+
+# %%
+answer("6.c", None)
+
+# %% [markdown]
+# Now the study.
 
 # %%
 mem = memory.run(quick=True)  # 300 requests, seed 0: the same numbers on every machine

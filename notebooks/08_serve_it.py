@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 08 · Serve it
 #
+# > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
+# > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
+# > `NotImplementedError`) and leaves the cells below it empty, so run the notebook cell by cell.
+#
 # Seven notebooks built an engine that runs a Python list of prompts to completion. Real users do not
 # arrive as a list: they open connections, one at a time, whenever they like, and some of them hang up
 # halfway. This capstone puts your engine behind the same kind of server vLLM runs (`vllm serve`):
@@ -13,7 +17,9 @@
 #
 # Nothing to fill in: the server (`kvcourse/serve/`) drives *your* `scheduler.py`, `kv_cache.py`,
 # `attention.py` and `model_runner.py`. If they pass their checks, everything below works; if one does
-# not, this is where you will see it under real load. (The stored outputs ran the reference solutions.)
+# not, this is where you will see it under real load. Four times you are asked to **predict** before the
+# cell that shows the answer: `answer("8.a", None)` says what is asked; replace `None` with your guess
+# and run it (it is graded on the scoreboard, beside the exercises).
 
 # %%
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
@@ -53,6 +59,7 @@ import openai
 import torch
 from IPython.display import display
 
+from kvcourse import answer
 from kvcourse.bench import serving
 from kvcourse.engine import hf_greedy
 from kvcourse.serve import ServerThread, build_app
@@ -151,8 +158,23 @@ with httpx.stream("POST", server.url + "/v1/completions", json=body) as response
 # record a snapshot of the cache there; meanwhile the cell polls `GET /debug/blocks`, as any client
 # could, and redraws the grid live.
 #
-# **Predict first:** with 16 requests of up to 62 tokens each, 6 at a time, and 12 blocks, will every request
-# equal its greedy answer alone? Will all 12 blocks be free at the end? Will any request be preempted?
+# **Predict first.** Sixteen requests of up to 62 tokens each, at most 6 running at a time, in 12 blocks:
+# requests will wait, and some will be preempted and recomputed. The grid at the end of the next cell
+# shows the answers, so guess before you run it.
+#
+# *8.a* Of the sixteen completions, how many equal Hugging Face's greedy answer for their prompt alone?
+
+# %%
+answer("8.a", None)
+
+# %% [markdown]
+# *8.b* Once all sixteen clients have finished, how many of the 12 blocks are free?
+
+# %%
+answer("8.b", None)
+
+# %% [markdown]
+# Now the sixteen clients.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -220,8 +242,17 @@ plt.show()
 # ## 4. What `/metrics` says
 #
 # Prometheus scrapes `GET /metrics` as text. The names follow vLLM's (`vllm:num_requests_running`
-# becomes `kvcourse:num_requests_running`), so a dashboard built for one reads the other. The counters
-# below add up: the two single requests, the two-token SSE request and the sixteen clients.
+# becomes `kvcourse:num_requests_running`), so a dashboard built for one reads the other. Counters only
+# ever grow: they count everything since the server started.
+#
+# *8.c* How many requests does `kvcourse:request_finished_total{finished_reason="length"}` count now,
+# after sections 2 and 3?
+
+# %%
+answer("8.c", None)
+
+# %% [markdown]
+# The counters add up: the two single requests, the two-token SSE request and the sixteen clients.
 
 # %%
 values = parse_metrics(httpx.get(server.url + "/metrics").text)
@@ -283,6 +314,16 @@ print("aborted requests:", values['kvcourse:request_finished_total{finished_reas
 #
 # Every request the engine could never serve is refused before it reaches the engine, with a 400 and
 # OpenAI's error body, saying what to change. The server keeps serving.
+#
+# *8.d* This server's model holds 256 tokens of context, and its cache 12 blocks of 16 tokens. A client
+# sends a 200-token prompt with `max_tokens=8`. Is it (a) served, (b) refused because it is longer than
+# the 256-token context, or (c) refused because it needs more blocks than the whole cache holds?
+
+# %%
+answer("8.d", None)
+
+# %% [markdown]
+# Six bad requests, that one among them:
 
 # %%
 for bad in (

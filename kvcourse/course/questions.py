@@ -174,6 +174,61 @@ _QUESTIONS = [
         digest="5f647de929ffe71d90992ddbbca1e2509d7703e819c319be6d1bb2f8687a00c6",
     ),
     Question(
+        id="6.a",
+        notebook="06",
+        prompt="Share of the pool holding token states when every request reserves the maximum length: "
+        "(a) under 40%, (b) 40 to 70%, (c) 70 to 90%, (d) over 90%",
+        kind="choice",
+        choices=("a", "b", "c", "d"),
+        digest="833ca363cb82c0fc909e87bb2e1845a74fb60404a070b54b0578f3bbc0d9e923",
+    ),
+    Question(
+        id="6.b",
+        notebook="06",
+        prompt="Which block size (1, 8, 16, 32, 64 or 128) leaves the largest share of the pool holding token states",
+        kind="int",
+        digest="7f5d5d29a733ab5c7a0ad244c7faaf7e520322bd7068eb0b9749cc2081c66adf",
+    ),
+    Question(
+        id="6.c",
+        notebook="06",
+        prompt="How many times more requests paged-16 runs side by side than max: (a) under 1.5, (b) 1.5 to 3, "
+        "(c) 3 to 5, (d) over 5",
+        kind="choice",
+        choices=("a", "b", "c", "d"),
+        digest="9c27410fca44ab9e9d582d4beb9c055a191d26ef5009f79724c0fd516e260de0",
+    ),
+    Question(
+        id="8.a",
+        notebook="08",
+        prompt="Of the sixteen clients' completions, how many equal Hugging Face greedy for their prompt alone",
+        kind="int",
+        digest="14f7cee8c73bf4dac1be5813341b3b230fa338c69df0681fc580e2f74a2cf661",
+    ),
+    Question(
+        id="8.b",
+        notebook="08",
+        prompt="Free blocks, of the 12, once all sixteen clients have finished",
+        kind="int",
+        digest="ae614f97b393bf6e6762c60e08bf61c0f2902de9e5048e5edcf692d6e7a095e2",
+    ),
+    Question(
+        id="8.c",
+        notebook="08",
+        prompt="Requests that /metrics counts as finished by length after sections 2 and 3",
+        kind="int",
+        digest="e45f1a22b72f24180ca384aa04fb281bd00abc46b637a78824d9b326cf224b33",
+    ),
+    Question(
+        id="8.d",
+        notebook="08",
+        prompt="A 200-token prompt with max_tokens 8 is (a) served, (b) refused: longer than the 256-token context, "
+        "(c) refused: more blocks than the whole cache holds",
+        kind="choice",
+        choices=("a", "b", "c"),
+        digest="123ba9f8667f2f75cc79c89cba9b4690eb204705be22ecc8a888208caad61eed",
+    ),
+    Question(
         id="7.a",
         notebook="07",
         prompt="As the token budget grows from 32 to 512, the p99 inter-token latency (a) falls, "
