@@ -25,12 +25,14 @@ def test_json_last_line_has_every_figure():
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
     result = json.loads(lines[-1])
-    assert {"device", "per_block_us", "naive_per_block_us", "ratio", "naive_ratio"} <= set(result)
+    per_block = ("per_block_us", "stack_per_block_us", "naive_per_block_us", "hit_linked_us", "hit_stack_us")
+    ratios = ("ratio", "stack_ratio", "naive_ratio", "hit_linked_ratio", "hit_stack_ratio")
+    assert {"device", *per_block, *ratios} <= set(result)
     assert isinstance(result["device"], str) and result["device"]
-    for key in ("per_block_us", "naive_per_block_us"):
+    for key in per_block:
         assert list(result[key]) == [str(n) for n in SIZES]
         assert all(math.isfinite(v) and v > 0 for v in result[key].values())
-    for key in ("ratio", "naive_ratio"):
+    for key in ratios:
         assert math.isfinite(result[key]) and result[key] > 0
     assert "the reference" in result["allocator"]
     assert any("ratio largest/smallest" in line for line in lines[:-1]), "the table should print the ratio"
