@@ -341,7 +341,8 @@ class StallFreeScheduler:
         #   Must hold: no token is scheduled before its KV memory is secured. Memory for a running
         #   request comes from self._allocate_or_preempt(request, n), the one place that decides who
         #   steps back when memory is short (it returns False when this request had to step back
-        #   itself); a decode that gets no room changes nothing about the request.
+        #   itself). A decode that gets no room is not scheduled and does not advance the request
+        #   (what _allocate_or_preempt did to make room, or to make it step back, stands).
         # BEGIN SOLUTION 2.1
         if not self._allocate_or_preempt(request, 1):
             return None
@@ -406,7 +407,9 @@ class StallFreeScheduler:
         # Exercise 2.2 (a waiting request): admit it with its first chunk.
         #   `request` is in self.waiting_queue (new, or preempted earlier) and nothing of it is cached
         #   by this scheduler; the manager's get_computed_blocks(request) may report a cached prefix
-        #   (prefix-cache hits: blocks and a token count; always none with the mock).
+        #   (prefix-cache hits: blocks and a token count; always none with the mock). allocate_slots
+        #   sizes from the request's num_computed_tokens, which still says 0 when you call it: the hits
+        #   reach it as its num_new_computed_tokens and new_computed_blocks, so they count once.
         #   Returns the first chunk: the tokens after the cached prefix, as many as token_budget_left
         #   allows; or None when allocate_slots (told about the prefix hits) says no.
         #   On None nothing has changed: a newcomer preempts nobody and keeps its place in the queue.
