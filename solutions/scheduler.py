@@ -193,6 +193,7 @@ class StallFreeScheduler:
         self.num_swapped_in_tokens = 0  # tokens whose K/V came back from it
         self.num_swaps = 0  # transfers so far, out and in (each pays the link's latency)
         self._swapped: dict[int, int] = {}  # request id -> CPU blocks it holds while swapped out
+        self._computed_at_step_start: dict[int, int] | None = None  # while planning: what has really run
         self._known_ids: set[int] = set()
 
     @property
@@ -276,7 +277,11 @@ class StallFreeScheduler:
     # ----------------------------------------------------------------------------- one step
     def schedule_next_batch(self) -> list[ScheduledSequence]:
         """Plan one step (see _plan_batch), keeping only requests still running when the plan is done."""
-        batch = self._plan_batch()
+        self._computed_at_step_start = {r.id: r.num_computed_tokens for r in self.active_pool.values()}
+        try:
+            batch = self._plan_batch()
+        finally:
+            self._computed_at_step_start = None
         # Under policy="priority" a later chunk may preempt a request whose decode is already planned
         # (the victim is the least urgent, not the newest): its blocks are gone, so it leaves the batch.
         return [sequence for sequence in batch if sequence.request_id in self.active_pool]
@@ -481,38 +486,78 @@ class StallFreeScheduler:
 
     def _preempt_victim(self) -> Request:
         """Preempt by the scheduler's policy; in swap mode the victim's K/V goes to the CPU pool instead of being lost."""
-        computed = {r.id: r.num_computed_tokens for r in self.active_pool.values()}
+        # Only K/V that has really been written can be swapped: tokens planned earlier in this same step
+        # (counted as computed when scheduled) have not run yet, and a victim leaves the batch.
+        computed = self._computed_at_step_start
+        if computed is None:  # called outside planning: everything counted has run
+            computed = {r.id: r.num_computed_tokens for r in self.active_pool.values()}
         victim = self._preempt_lowest_priority() if self.policy == "priority" else self._preempt_most_recent()
         if self.preemption_mode == "swap":
-            self._swap_out(victim, computed[victim.id])
+            self._swap_out(victim, computed.get(victim.id, 0))
         return victim
 
     def _swap_out(self, victim: Request, num_computed: int) -> None:
-        """The victim's blocks were copied to the CPU pool before being freed: it keeps its computed tokens."""
-        cpu_blocks = blocks_needed(num_computed, self.kv_cache_manager.block_size)
+        """A victim whose K/V fits the CPU pool keeps its computed tokens there instead of recomputing them."""
+        if self._move_to_cpu(victim, num_computed):
+            self.num_swapped_out_tokens += num_computed
+            self.num_swaps += 1
+
+    def _move_to_cpu(self, victim: Request, num_computed: int) -> bool:
+        """Swap-out: the victim's blocks were copied to the CPU pool before being freed, if the pool has room."""
+        manager = self.kv_cache_manager
+        # Exercise 7.3 (swap-out): `victim` has just been preempted (Exercise 2.7 or 7.1): it holds no
+        #   GPU blocks and counts nothing as computed; `num_computed` is how many of its tokens were
+        #   cached a moment ago. Their K/V needs blocks_needed(num_computed, manager.block_size) CPU
+        #   blocks, and self.num_free_cpu_blocks are free.
+        #   Returns True when it was swapped out: there was something to keep and room for it. Then
+        #   self._swapped[victim.id] holds the number of CPU blocks it takes, and the victim again
+        #   counts num_computed tokens as computed (they will come back, not be recomputed).
+        #   Returns False otherwise, changing nothing: the victim will be recomputed.
+        # BEGIN SOLUTION 7.3
+        cpu_blocks = blocks_needed(num_computed, manager.block_size)
         if num_computed == 0 or cpu_blocks > self.num_free_cpu_blocks:
-            return  # nothing to keep, or the swap space is full: this one is recomputed
+            return False
         self._swapped[victim.id] = cpu_blocks
         victim.num_computed_tokens = num_computed
-        self.num_swapped_out_tokens += num_computed
-        self.num_swaps += 1
+        return True
+        # END SOLUTION
 
     def _swap_in(self, request: Request, token_budget_left: int) -> ScheduledSequence | None:
         """Re-admit a swapped-out request: GPU blocks for its kept tokens plus its next chunk, or nothing."""
         kept = request.num_computed_tokens
+        sequence = self._move_to_gpu(request, token_budget_left)
+        if sequence is not None:
+            self.num_swapped_in_tokens += kept
+            self.num_swaps += 1
+        return sequence
+
+    def _move_to_gpu(self, request: Request, token_budget_left: int) -> ScheduledSequence | None:
+        """Swap-in: GPU blocks for the kept tokens and the next chunk, all or nothing, then it runs again."""
+        manager = self.kv_cache_manager
+        # Exercise 7.3 (swap-in): `request` is waiting and swapped out (it is in self._swapped): it
+        #   counts request.num_computed_tokens tokens as computed, kept in the CPU pool, but holds no
+        #   GPU blocks. Returns its next chunk, built by self._advance: as many of its uncomputed
+        #   tokens as token_budget_left allows, a decode when its prefill is done
+        #   (request.is_prefill_done()). Before that, GPU blocks for the kept tokens AND the chunk
+        #   must be allocated, all or nothing (allocate_slots sizes from the request's
+        #   num_computed_tokens: ask while it counts 0, for kept + chunk tokens, then restore it).
+        #   On success it has left self._swapped and the waiting queue, is RUNNING and the newest in
+        #   self.active_pool. When allocate_slots says no: returns None, and nothing has changed (like
+        #   any admission, a swap-in preempts nobody).
+        # BEGIN SOLUTION 7.3
+        kept = request.num_computed_tokens
         num_new_tokens = min(request.num_uncomputed_tokens, token_budget_left)
-        request.num_computed_tokens = 0  # allocate_slots counts from what the request holds: nothing yet
-        blocks = self.kv_cache_manager.allocate_slots(request, kept + num_new_tokens)
+        request.num_computed_tokens = 0
+        blocks = manager.allocate_slots(request, kept + num_new_tokens)
         request.num_computed_tokens = kept
         if blocks is None:
-            return None  # like any admission: it keeps its place and preempts nobody
+            return None
         del self._swapped[request.id]
-        self.num_swapped_in_tokens += kept
-        self.num_swaps += 1
         self.waiting_queue.remove(request)
         request.status = RequestStatus.RUNNING
         self.active_pool[request.id] = request
         return self._advance(request, num_new_tokens, is_decode=request.is_prefill_done())
+        # END SOLUTION
 
     def _keeps_watermark(self, request: Request, num_new_tokens: int) -> bool:
         """Whether admitting this request's first chunk leaves the watermark's blocks free for running decodes."""

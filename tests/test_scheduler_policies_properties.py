@@ -24,7 +24,7 @@ from kvcourse.toy import toy_generate
 from kvcourse.toy.arrivals import SimulatedClock, StepCost, UnpagedToyExecutor, serve
 
 VOCAB = 7
-EXAMPLES = 120
+EXAMPLES = 300
 COST = StepCost(0.01, 0.001)
 
 

@@ -266,11 +266,11 @@ _EXERCISES = [
     ),
     Exercise(
         id="7.3",
-        title="Swap or recompute: the cost model",
+        title="Swap or recompute: a CPU pool and the cost model",
         module="scheduler",
-        minutes=10,
-        hint="A swap moves bytes twice (out, then back in) and pays the link's fixed latency each time; a recompute pays FLOPs once. One grows with the bytes per token, the other with the FLOPs per token: where do the lines cross?",
-        approach="swap_seconds: 0 for no tokens, else 2 * (latency + tokens * bytes per token / bandwidth). recompute_seconds: tokens * flops_per_token / flops_per_s. swap_crossover: try n = 1, 2, ... up to max_tokens and return the first n for which swap is strictly cheaper; None if none is.",
+        minutes=20,
+        hint="A swap moves bytes twice (out, then back in) and pays the link's fixed latency each time; a recompute pays FLOPs once. Swap-out only has to remember what went to the CPU pool and give the victim its computed tokens back; swap-in is an admission that must also make room for everything it kept.",
+        approach="swap_seconds: 0 for no tokens, else 2 * (latency + tokens * bytes per token / bandwidth). recompute_seconds: tokens * flops_per_token / flops_per_s. swap_crossover: try n = 1, 2, ... up to max_tokens and return the first n for which swap is strictly cheaper; None if none is. _move_to_cpu: cpu_blocks = blocks_needed(num_computed, block_size); if num_computed is 0 or cpu_blocks exceeds the free CPU blocks return False; else record _swapped[id] = cpu_blocks, set num_computed_tokens back to num_computed, return True. _move_to_gpu: kept = num_computed_tokens; n = min(uncomputed, budget left); set num_computed_tokens to 0, allocate_slots(request, kept + n), restore kept; on None return None; else delete it from _swapped, remove it from the waiting queue, mark it RUNNING, add it to active_pool, and return _advance(request, n, is_decode=request.is_prefill_done()).",
     ),
     Exercise(
         id="7.4",

@@ -208,6 +208,71 @@ def test_crossover_is_the_first_length_where_swap_is_cheaper() -> None:
     assert swap_crossover(cheap_link, max_tokens=10) == 1
 
 
+@pytest.mark.ex7_3
+def test_swap_out_keeps_the_computed_tokens_when_the_cpu_pool_has_room() -> None:
+    scheduler, manager = make(num_blocks=16, block_size=4, preemption_mode="swap", num_cpu_blocks=5)
+    victim = running(scheduler, manager, request(0, length=10))  # 10 tokens cached -> 3 blocks
+    scheduler._preempt_most_recent()
+    assert scheduler._move_to_cpu(victim, 10) is True
+    assert scheduler._swapped == {0: 3} and scheduler.num_free_cpu_blocks == 2, "10 tokens take 3 CPU blocks"
+    assert victim.num_computed_tokens == 10, "a swapped-out request keeps its computed tokens"
+    assert manager.get_block_ids(victim) == [] and manager.get_num_free_blocks() == 16, "but no GPU block"
+
+
+@pytest.mark.ex7_3
+def test_swap_out_refuses_when_the_pool_is_full_or_there_is_nothing() -> None:
+    scheduler, manager = make(num_blocks=16, block_size=4, preemption_mode="swap", num_cpu_blocks=2)
+    victim = running(scheduler, manager, request(0, length=10))
+    scheduler._preempt_most_recent()
+    assert scheduler._move_to_cpu(victim, 10) is False, "3 blocks do not fit a pool of 2"
+    assert scheduler._move_to_cpu(victim, 0) is False, "nothing computed, nothing to keep"
+    assert scheduler._swapped == {} and victim.num_computed_tokens == 0, "a refused swap-out changes nothing"
+
+
+@pytest.mark.ex7_3
+def test_swap_in_allocates_kept_tokens_and_the_next_chunk_or_nothing() -> None:
+    scheduler, manager = make(num_blocks=5, block_size=4, preemption_mode="swap", num_cpu_blocks=8)
+    victim = running(scheduler, manager, request(0, length=10))  # 10 cached + 1 sampled token to feed
+    scheduler._preempt_most_recent()
+    assert scheduler._move_to_cpu(victim, 10)
+    blocker = Request(id=9, prompt_tokens=list(range(1, 12)), max_new_tokens=1)
+    manager.allocate_slots(blocker, 11)  # 3 of 5 blocks taken: kept 10 + 1 needs 3
+    assert scheduler._move_to_gpu(victim, 8) is None, "no room: the swap-in waits"
+    assert victim.num_computed_tokens == 10 and 0 in scheduler._swapped and victim in scheduler.waiting_queue
+    assert manager.get_block_ids(victim) == [], "a refused swap-in holds nothing"
+    manager.free(blocker)
+    sequence = scheduler._move_to_gpu(victim, 8)
+    assert sequence is not None and sequence.is_decode and sequence.position_ids_start == 10, (
+        "its prefill was done: the swap-in resumes with a decode of its newest token at position 10"
+    )
+    assert victim.status is RequestStatus.RUNNING and list(scheduler.active_pool)[-1] == 0
+    assert 0 not in scheduler._swapped and victim not in scheduler.waiting_queue
+    assert len(manager.get_block_ids(victim)) == 3, "blocks for the 10 kept tokens and the one fed"
+
+
+@pytest.mark.ex7_3
+def test_a_swapping_run_recomputes_nothing_and_keeps_outputs() -> None:
+    from kvcourse.toy.arrivals import SimulatedClock, StepCost, UnpagedToyExecutor, serve
+
+    scheduler, _ = make(num_blocks=8, block_size=4, token_budget=16, max_batch_size=4)
+    swapper, _ = make(
+        num_blocks=8, block_size=4, token_budget=16, max_batch_size=4, preemption_mode="swap", num_cpu_blocks=32
+    )
+    clock = StepCost(0.01, 0.001)
+    runs = []
+    for sched in (scheduler, swapper):
+        reqs = toy_requests([7, 6, 8, 5], max_new_tokens=9, seed=11)
+        runs.append(serve(sched, [(0.0, r) for r in reqs], SimulatedClock(clock), UnpagedToyExecutor()))
+        for req in reqs:
+            assert req.output_tokens == toy_generate(req.prompt_tokens, 9), f"request {req.id}: outputs changed"
+    fed = [sum(step.num_tokens for step in run.trace.steps) for run in runs]
+    assert scheduler.num_preemptions > 0 and swapper.num_preemptions > 0, "this cache must preempt"
+    assert swapper.num_swapped_out_tokens > 0 and swapper.num_swapped_in_tokens == swapper.num_swapped_out_tokens
+    once = (7 + 6 + 8 + 5) + 4 * (9 - 1)  # each prompt, and every output but the last, fed once
+    assert fed[1] == once, "with swap every token is fed exactly once"
+    assert fed[0] > fed[1], "recompute feeds the victims' tokens again"
+
+
 # ---------------------------------------------------------------------------------------------- 7.4
 def _busy_scheduler():
     scheduler, manager = make(num_blocks=32, block_size=4)
