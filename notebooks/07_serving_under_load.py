@@ -20,7 +20,7 @@
 # |---|---|---|
 # | 7.1 | priority scheduling: the queue by (priority, arrival), the least urgent is the victim | 15 |
 # | 7.2 | a watermark: admit only while some blocks stay free for running decodes | 10 |
-# | 7.3 | swap or recompute: the cost model and its crossover | 10 |
+# | 7.3 | swap or recompute: a CPU block pool's swap-out and swap-in, the cost model and its crossover | 20 |
 # | 7.4 | abort: a cancelled request gives every block back at once | 10 |
 # | 7.5 | `reset_prefix_cache`: drop every cached prefix, refused while a block is held | 5 |
 #
@@ -260,8 +260,14 @@ for row in marks:
 # A preempted request loses its K/V and recomputes it later (the course's default, and vLLM v1's only
 # mode). vLLM v0 could also **swap**: copy the victim's blocks to a CPU block pool and copy them back
 # on re-admission. Which is cheaper depends on the machine: a swap moves bytes twice over the
-# host–device link, a recompute spends FLOPs once. Write `swap_seconds`, `recompute_seconds` and
-# `swap_crossover` (the shortest context for which swapping wins) in `kvcourse/scheduler.py`.
+# host–device link, a recompute spends FLOPs once. In `kvcourse/scheduler.py`, write:
+#
+# * the mechanism, for `preemption_mode="swap"` with `num_cpu_blocks` of swap space: `_move_to_cpu`
+#   (swap-out: the victim keeps its computed tokens if the CPU pool has room for their blocks) and
+#   `_move_to_gpu` (swap-in: an admission that allocates GPU blocks for everything kept plus the next
+#   chunk, all or nothing);
+# * the cost model: `swap_seconds`, `recompute_seconds` and `swap_crossover` (the shortest context for
+#   which swapping wins).
 
 # %%
 check("7.3")
