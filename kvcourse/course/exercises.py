@@ -86,7 +86,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=20,
         hint="Write the three passes in the order the contract lists them, and let the helpers (_has_room, _budget_left, _is_prefilling) carry the arithmetic. How can schedule_next_batch tell that a pass preempted someone?",
-        approach="schedule_next_batch: remember self.num_preemptions, run the decode pass, then the prefill pass, and call self._admit_waiting only if the count did not change; return the batch. Decode pass: loop over a copy of active_pool's values; skip a request no longer in active_pool or not past its prefill; stop when not self._has_room(batch); append what _schedule_decode returns unless it is None. Prefill pass: take the first running request for which _is_prefilling is true; if there is one and the batch has room, append its _schedule_prefill_chunk with the budget left (unless None). Helpers: _budget_left subtracts the tokens of the batch from token_budget; _has_room compares it with num_tokens and len(batch) with max_batch_size; _is_prefilling combines is_prefill_done() and num_uncomputed_tokens.",
+        approach="_plan_batch (schedule_next_batch calls it and is written): remember self.num_preemptions, run the decode pass, then the prefill pass, and call self._admit_waiting only if the count did not change; return the batch. Decode pass: loop over a copy of active_pool's values; skip a request no longer in active_pool or not past its prefill; stop when not self._has_room(batch); append what _schedule_decode returns unless it is None. Prefill pass: take the first running request for which _is_prefilling is true; if there is one and the batch has room, append its _schedule_prefill_chunk with the budget left (unless None). Helpers: _budget_left subtracts the tokens of the batch from token_budget; _has_room compares it with num_tokens and len(batch) with max_batch_size; _is_prefilling combines is_prefill_done() and num_uncomputed_tokens.",
     ),
     Exercise(
         id="2.5",
@@ -117,8 +117,8 @@ _EXERCISES = [
         title="Preempt until it fits",
         module="scheduler",
         minutes=10,
-        hint="Each preemption frees some memory; try again after each one. When must the loop give up?",
-        approach="Loop: victim = self._preempt_most_recent(); if the victim is the request itself, return False; otherwise retry self.kv_cache_manager.allocate_slots(request, num_new_tokens) and return True if it is not None. The running set shrinks by one each turn and the request is in it, so the loop ends.",
+        hint="Each preemption frees some memory, maybe not enough: try again after each one. When must the loop give up?",
+        approach="Loop: victim = self._preempt_victim() (your 2.7 under first come, first served; the policy's choice otherwise); if the victim is the request itself, return False; otherwise retry self.kv_cache_manager.allocate_slots(request, num_new_tokens) and return True if it is not None. The running set shrinks by one each turn and the request is in it, so the loop ends.",
     ),
     Exercise(
         id="2.9",
