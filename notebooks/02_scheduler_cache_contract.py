@@ -377,8 +377,10 @@ print("waiting:", [r.id for r in waiting_queue], "| running:", list(active_pool)
 #   comes first, and from `_allocate_or_preempt`.
 # * `_admit(request, token_budget_left)`, for a **waiting** request: the manager's
 #   `get_computed_blocks(request)` may report a cached prefix (prefix-cache hits; none with the mock),
-#   and the first chunk is what comes after it. A newcomer preempts nobody: when `allocate_slots`
-#   (told about the hits) says no, `_admit` returns `None` and nothing has changed. On success, **this**
+#   and the first chunk is what comes after it. `allocate_slots` counts from the request's
+#   `num_computed_tokens`, which still says 0 when you call it: the hits reach it as its
+#   `num_new_computed_tokens` and `new_computed_blocks`, so they count once. A newcomer preempts nobody:
+#   when `allocate_slots` says no, `_admit` returns `None` and nothing has changed. On success, **this**
 #   request has left the queue, is `RUNNING`, is the newest entry of `active_pool`, and counts its cached
 #   prefix and its first chunk as computed.
 
@@ -415,9 +417,11 @@ check("2.3")
 # %% [markdown]
 # ### Exercise 2.4: plan one step
 #
-# Now the step itself: `schedule_next_batch()` and its first two passes, `_schedule_decodes(batch)` and
-# `_schedule_prefill_in_progress(batch)`, built on your 2.1 and 2.2. The contract is the list at the top
-# of this section: order, limits, memory first. Two details decide whether your step is right:
+# Now the step itself. `schedule_next_batch()` is written: it calls `_plan_batch()` and returns the plan.
+# You write `_plan_batch()` and its first two passes, `_schedule_decodes(batch)` and
+# `_schedule_prefill_in_progress(batch)`, built on your 2.1 and 2.2 (the third pass, `_admit_waiting`, is
+# Exercise 2.6; until then the check stands in for it). The contract is the list at the top of this
+# section: order, limits, memory first. Two details decide whether your step is right:
 #
 # * a decode may preempt a younger running request; that request must then get nothing in this step;
 # * a step in which anyone was preempted (`self.num_preemptions` grew) must not call
@@ -636,9 +640,11 @@ check("2.7")
 # `_allocate_or_preempt(request, n)` is where 2.1 and 2.2 get their memory. When `allocate_slots`
 # succeeds at the first try, it returns `True` (that part is written). Write the rest, for when memory
 # is short: preempt, newest first, as few requests as needed until `allocate_slots` succeeds (return
-# `True`); when the request itself turns out to be the newest, it steps back (return `False`): it is
-# then preempted and waits at the head of the queue. Nobody older than the request is ever preempted
-# for it, and the loop always ends.
+# `True`; one victim may free too little). Ask for each victim with `self._preempt_victim()`: under first
+# come, first served it calls your `_preempt_most_recent()` (notebook 07 adds other policies). When the
+# request itself turns out to be the newest, it steps back (return `False`): it is then preempted and
+# waits at the head of the queue. Nobody older than the request is ever preempted for it, and the loop
+# always ends.
 
 # %%
 check("2.8")
