@@ -308,19 +308,18 @@ print(
 # preempts by recompute only).
 
 # %%
-swap = serving.swap_study((8, 16, 24, 32, 48, 64))
+swap = serving.swap_study()  # prompt lengths from a quarter of the crossover to three times it
 print(f"cost model's crossover: {swap['crossover_tokens']} tokens")
-print("prompt  swap s  recompute s  | served: recompute s  swap s  preemptions  faster")
-for row in swap["rows"]:
-    print(
-        f"{row['prompt_len']:>6} {row['swap_s']:>7.3f} {row['recompute_s']:>12.3f}  | {row['recompute_run_s']:>19.2f} "
-        f"{row['swap_run_s']:>7.2f} {row['preemptions_recompute']:>12} {row['faster']:>7}"
-    )
+serving.print_swap_rows(swap["rows"])
+agree = [row["agrees"] for row in swap["rows"] if row["agrees"] is not None]
+print(f"the served runs agree with the cost model in {sum(agree)} of {len(agree)} rows with preemptions")
 
 # %% [markdown]
-# The served runs flip from recompute to swap near the model's crossover. They flip a little
-# earlier than the prompt length alone predicts, because a victim has usually generated some tokens
-# by the time it is preempted: its context is longer than its prompt.
+# Compare each served run with the model's choice at the **victim's context**, not at the prompt
+# length: a victim has usually generated some tokens by the time it is preempted, so its context is
+# longer than its prompt, and the runs flip to swap at shorter prompts than the crossover. Where a
+# run disagrees, look at the whole run: preemptions change who runs in which step, and a swap's
+# transfers stall a step while a recompute's tokens ride along in steps that run anyway.
 #
 # ## 8. Exercise 7.4: abort
 #

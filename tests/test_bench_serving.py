@@ -215,3 +215,14 @@ def test_wall_clock_sweep_runs_gpt2_through_the_engine() -> None:
     model = GPT2LMHeadModel(tiny_gpt2_config()).eval()
     [row] = wall_clock_sweep((200.0,), num_requests=6, model=model, num_blocks=64)
     assert row["rate"] == 200.0 and row["requests"] == 6 and row["ttft_p50"] <= row["ttft_p99"]
+
+
+@pytest.mark.parametrize("cost", [StepCost(0.03, 0.0016), StepCost(0.02, 0.0005), StepCost(0.05, 0.003)])
+def test_served_swap_runs_agree_with_the_cost_model_at_the_victims_context(cost: StepCost) -> None:
+    from kvcourse.bench.serving import swap_study
+
+    study = swap_study(step_cost=cost)
+    rows = [row for row in study["rows"] if row["agrees"] is not None]
+    assert len(rows) >= 4, "the study must preempt at most of its prompt lengths"
+    assert {row["faster"] for row in rows} <= {"swap", "recompute"}
+    assert all(row["agrees"] for row in rows), [(r["prompt_len"], r["faster"], r["model_says"]) for r in rows]

@@ -306,6 +306,11 @@ def preemption_workload(prompt_len: int, num_requests: int = 12, output_len: int
     return Workload((prompt_len,) * num_requests, (output_len,) * num_requests, (0.0,) * num_requests)
 
 
+def _cheaper(num_tokens: int, costs: PreemptionCosts) -> str:
+    """The cost model's choice for one victim of num_tokens cached tokens."""
+    return "swap" if swap_seconds(num_tokens, costs) < recompute_seconds(num_tokens, costs) else "recompute"
+
+
 def _faster(recompute_s: float, swap_s: float) -> str:
     """Which preemption mode finished the run first ("same" when no preemption happened)."""
     if math.isclose(recompute_s, swap_s):
@@ -313,9 +318,22 @@ def _faster(recompute_s: float, swap_s: float) -> str:
     return "swap" if swap_s < recompute_s else "recompute"
 
 
-def swap_study(prompt_lens: Sequence[int], step_cost: StepCost = GPT2_CPU_STEP_COST, block_size: int = 16) -> dict:
-    """Swap against recompute: the cost model's crossover, and served runs on both sides of it."""
+AROUND_CROSSOVER = (0.25, 0.5, 0.75, 1.25, 1.5, 2.0, 3.0)  # the swap study's prompt lengths, as multiples
+
+
+def swap_study(
+    prompt_lens: Sequence[int] | None = None, step_cost: StepCost = GPT2_CPU_STEP_COST, block_size: int = 16
+) -> dict:
+    """Swap against recompute: the cost model's crossover, and served runs on both sides of it.
+
+    prompt_lens defaults to multiples of the crossover (AROUND_CROSSOVER), so the study straddles it
+    whatever the step-cost model says; without a crossover up to 1,024 tokens, to 16-256 tokens.
+    """
     costs = simulated_preemption_costs(step_cost)
+    crossover = swap_crossover(costs, max_tokens=1024)
+    if prompt_lens is None:
+        around = [max(1, round(f * crossover)) for f in AROUND_CROSSOVER] if crossover else [16, 32, 64, 128, 256]
+        prompt_lens = sorted(set(around))
     rows = []
     for n in prompt_lens:
         work = preemption_workload(n)
@@ -323,9 +341,15 @@ def swap_study(prompt_lens: Sequence[int], step_cost: StepCost = GPT2_CPU_STEP_C
         common = {"num_blocks": num_blocks, "block_size": block_size, "step_cost": step_cost, "max_batch_size": 12}
         recompute, r_sched = simulate_run(work, **common)
         swap, s_sched = simulate_run(work, preemption_mode="swap", num_cpu_blocks=10**6, swap_costs=costs, **common)
+        context = 2 * s_sched.num_swapped_out_tokens / s_sched.num_swaps if s_sched.num_swaps else None
+        predicted = None if context is None else _cheaper(round(context), costs)
+        faster = _faster(recompute.duration_s, swap.duration_s)
         rows.append(
             {
                 "prompt_len": n,
+                "mean_victim_context": context,  # tokens a victim had cached when it was swapped out
+                "model_says": predicted,  # the cost model's choice at that context
+                "agrees": None if predicted is None else predicted == faster,
                 "swap_s": swap_seconds(n, costs),
                 "recompute_s": recompute_seconds(n, costs),
                 "recompute_run_s": recompute.duration_s,
@@ -334,15 +358,26 @@ def swap_study(prompt_lens: Sequence[int], step_cost: StepCost = GPT2_CPU_STEP_C
                 "preemptions_swap": s_sched.num_preemptions,
                 "recomputed_tokens": recomputed_tokens(recompute),
                 "swapped_tokens": s_sched.num_swapped_out_tokens,
-                "faster": _faster(recompute.duration_s, swap.duration_s),
+                "faster": faster,
             }
         )
     return {
         "link": SWAP_LINK,
         "kv_bytes_per_token": costs.kv_bytes_per_token,
-        "crossover_tokens": swap_crossover(costs, max_tokens=1024),
+        "crossover_tokens": crossover,
         "rows": rows,
     }
+
+
+def print_swap_rows(rows: list[dict]) -> None:
+    """The swap study, one row per prompt length: the served runs and what the cost model predicts."""
+    print("prompt  victim context  run: recompute s  swap s  preemptions  faster     model says")
+    for row in rows:
+        context = "-" if row["mean_victim_context"] is None else f"{row['mean_victim_context']:.0f}"
+        print(
+            f"{row['prompt_len']:>6} {context:>15} {row['recompute_run_s']:>17.2f} {row['swap_run_s']:>7.2f} "
+            f"{row['preemptions_recompute']:>12}  {row['faster']:<9}  {row['model_says'] or '-'}"
+        )
 
 
 def wall_clock_sweep(rates: Sequence[float], num_requests: int, model, num_blocks: int = 2048) -> list[dict]:
@@ -403,7 +438,7 @@ def run(quick: bool = True, *, reference: bool = False) -> dict:
         "admission": admission_tails(rate=8, num_requests=n),
         "priority": priority_study(rate=8, num_requests=n),
         "watermark": watermark_study((0.0, 0.05, 0.1, 0.2), rate=8, num_requests=n),
-        "swap": swap_study((8, 16, 24, 32, 48, 64) if quick else (4, 8, 12, 16, 20, 24, 28, 32, 48, 64)),
+        "swap": swap_study(),
         "wall_clock": _wall_clock_part(quick),
     }
 
@@ -447,12 +482,7 @@ def print_table(result: dict) -> None:
         )
     swap = result["swap"]
     print(f"swap vs recompute: the cost model's crossover is {swap['crossover_tokens']} tokens")
-    print("prompt  swap s  recompute s  run: recompute s  swap s  preemptions  faster")
-    for row in swap["rows"]:
-        print(
-            f"{row['prompt_len']:>6} {row['swap_s']:>7.3f} {row['recompute_s']:>12.3f} {row['recompute_run_s']:>17.2f} "
-            f"{row['swap_run_s']:>7.2f} {row['preemptions_recompute']:>12} {row['faster']:>7}"
-        )
+    print_swap_rows(swap["rows"])
     wall = result["wall_clock"]
     if "skipped" in wall:
         print(f"wall clock: skipped ({wall['skipped']})")
