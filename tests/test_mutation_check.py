@@ -1,0 +1,36 @@
+"""The mutation check's mutants still match the reference (a stale pattern fails here, fast, not only in CI's run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kvcourse.course.exercises import EXERCISES
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("mutation_check", ROOT / "scripts" / "mutation_check.py")
+mutation_check = importlib.util.module_from_spec(spec)
+sys.modules["mutation_check"] = mutation_check  # dataclasses look their module up while the class is built
+spec.loader.exec_module(mutation_check)
+
+
+@pytest.mark.parametrize("mutant", mutation_check.MUTANTS, ids=lambda m: f"{m.exercise} {m.description}")
+def test_every_mutant_changes_its_own_region_once(mutant):
+    source = (ROOT / "solutions" / f"{EXERCISES[mutant.exercise].module}.py").read_text()
+    mutated = mutation_check.apply(mutant, source)  # ValueError when the pattern is not in the region once
+    assert mutated != source, "a mutant must change the code"
+
+
+def test_every_exercise_has_two_mutants():
+    counts = Counter(m.exercise for m in mutation_check.MUTANTS)
+    assert [e for e in EXERCISES if counts[e] < 2] == [], "every exercise needs at least two mutants"
+
+
+def test_a_pattern_outside_the_region_is_refused():
+    mutant = mutation_check.Mutant("4.4", "not in the region", "def get_num_cached_blocks", "def renamed")
+    with pytest.raises(ValueError, match="expected once"):
+        mutation_check.apply(mutant, (ROOT / "solutions" / "kv_cache.py").read_text())
