@@ -128,7 +128,7 @@ plt.show()
 # coming, and TTFT climbs steeply. The knee is the highest rate whose p99 TTFT still meets the SLO.
 
 # %%
-sweep = serving.rate_sweep((1, 2, 4, 6, 8, 12), 64)
+sweep = serving.rate_sweep((1, 2, 4, 6, 8, 12, 16, 24), 64)
 print(" rate  tok/s  goodput  TTFT p50   p99   TPOT p50   p99")
 for row in sweep:
     print(
@@ -136,13 +136,15 @@ for row in sweep:
         f"{row['ttft_p99']:>5.2f} {row['tpot_p50']:>10.3f} {row['tpot_p99']:>5.3f}"
     )
 print(f"knee: {serving.knee(sweep)} requests/s (the highest rate with p99 TTFT <= {serving.SLO['slo_ttft_s']} s)")
+busy = serving.busy_rate(sweep)  # the policy studies below run here: busy, not yet swamped
 serving.plot_rate_sweep(sweep)
 plt.show()
 
 # %% [markdown]
 # Goodput is the figure to watch: it rises with the rate up to the knee, then falls while raw
 # throughput still creeps up. Past the knee more requests are served per second, but fewer of them
-# are served well.
+# are served well. The policy studies below run at the knee rate, where the queue is busy but not
+# yet growing without bound.
 #
 # ## 3. The token budget: chunked prefill's trade-off
 #
@@ -155,7 +157,7 @@ plt.show()
 answer("7.a", None)
 
 # %%
-budgets = serving.budget_sweep((32, 64, 128, 256, 512), rate=4, num_requests=64)
+budgets = serving.budget_sweep((32, 64, 128, 256, 512), rate=busy / 2, num_requests=64)  # half the knee rate
 print("budget  TTFT p50   p99   TPOT p99   ITL p99")
 for row in budgets:
     print(
@@ -176,15 +178,15 @@ plt.show()
 # ## 4. FCFS against skip-ahead
 #
 # Notebook 02 made admission first come, first served: when the head of the queue does not fit, nobody
-# behind it goes first. Skip-ahead admits whoever fits. In a cache of 40 blocks (640 tokens) at
-# 8 requests per second, a long prompt often does not fit while short ones do. **Predict:** which
-# admission gives the **long** prompts the lower p99 TTFT?
+# behind it goes first. Skip-ahead admits whoever fits. In a cache of 40 blocks (640 tokens) at the
+# knee rate (`busy`: loaded, not yet swamped), a long prompt often does not fit while short ones do.
+# **Predict:** which admission gives the **long** prompts the lower p99 TTFT?
 
 # %%
 answer("7.b", None)
 
 # %%
-tails = serving.admission_tails(rate=8, num_requests=64)
+tails = serving.admission_tails(rate=busy, num_requests=64)
 print("admission   long TTFT p50   p99   short TTFT p50   p99   tok/s")
 for name, row in tails.items():
     print(
@@ -216,7 +218,7 @@ for name, row in tails.items():
 check("7.1")
 
 # %%
-priorities = serving.priority_study(rate=8, num_requests=64)
+priorities = serving.priority_study(rate=busy, num_requests=64)
 print("policy     urgent TTFT p50   p99   others TTFT p50   p99  preemptions")
 for name, row in priorities.items():
     print(
@@ -241,7 +243,7 @@ for name, row in priorities.items():
 check("7.2")
 
 # %%
-marks = serving.watermark_study((0.0, 0.05, 0.1, 0.2), rate=8, num_requests=64)
+marks = serving.watermark_study((0.0, 0.05, 0.1, 0.2), rate=busy, num_requests=64)
 print("watermark  preemptions  recomputed tokens  TTFT p99  TPOT p99")
 for row in marks:
     print(

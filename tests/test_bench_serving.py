@@ -170,6 +170,9 @@ def test_quick_study_json_has_its_figures() -> None:
         assert row["ttft_p50"] <= row["ttft_p90"] <= row["ttft_p99"]
         assert row["requests"] > 0
     assert result["knee_rate"] is None or result["knee_rate"] in [row["rate"] for row in result["rate_sweep"]]
+    assert result["busy_rate"] in [row["rate"] for row in result["rate_sweep"]], (
+        "the policy studies run at a swept rate"
+    )
     assert set(result["admission"]) == {"fcfs", "skip_ahead"} and set(result["priority"]) == {"fcfs", "priority"}
     for row in result["admission"].values():
         assert row["num_long"] > 0 and row["long_ttft_p50"] <= row["long_ttft_p99"]

@@ -229,6 +229,11 @@ def knee(sweep: list[dict], slo_key: str = "ttft_p99") -> float | None:
     return max(ok) if ok else None
 
 
+def busy_rate(sweep: list[dict]) -> float:
+    """The rate the policy studies run at: the knee (busy, not yet swamped), or the lowest rate if none meets the SLO."""
+    return knee(sweep) or min(row["rate"] for row in sweep)
+
+
 def recomputed_tokens(run: ServingRun) -> int:
     """Tokens fed more than once: everything fed, minus each request's prompt and outputs fed once."""
     fed = sum(step.num_tokens for step in run.trace.steps)
@@ -421,8 +426,9 @@ def run(quick: bool = True, *, reference: bool = False) -> dict:
         return run_reference("serving", {"quick": quick})
 
     n = 64 if quick else 256
-    rates = (1, 2, 4, 6, 8, 12) if quick else (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+    rates = (1, 2, 4, 6, 8, 12, 16, 24) if quick else (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
     sweep = rate_sweep(rates, n)
+    busy = busy_rate(sweep)
     return {
         "study": "serving",
         "quick": quick,
@@ -434,10 +440,11 @@ def run(quick: bool = True, *, reference: bool = False) -> dict:
         "slo": SLO,
         "rate_sweep": sweep,
         "knee_rate": knee(sweep),
-        "budget_sweep": budget_sweep((32, 64, 128, 256, 512), rate=4, num_requests=n),
-        "admission": admission_tails(rate=8, num_requests=n),
-        "priority": priority_study(rate=8, num_requests=n),
-        "watermark": watermark_study((0.0, 0.05, 0.1, 0.2), rate=8, num_requests=n),
+        "busy_rate": busy,
+        "budget_sweep": budget_sweep((32, 64, 128, 256, 512), rate=busy / 2, num_requests=n),
+        "admission": admission_tails(rate=busy, num_requests=n),
+        "priority": priority_study(rate=busy, num_requests=n),
+        "watermark": watermark_study((0.0, 0.05, 0.1, 0.2), rate=busy, num_requests=n),
         "swap": swap_study(),
         "wall_clock": _wall_clock_part(quick),
     }
