@@ -374,7 +374,7 @@ print("reset:", manager.reset_prefix_cache(), f"| now it finds {manager.get_comp
 # | here | vLLM v1 | what it trades |
 # |---|---|---|
 # | `token_budget` | `max_num_batched_tokens` (`--max-num-batched-tokens`) | TTFT against inter-token stalls |
-# | chunk of one long prompt | `long_prefill_token_threshold` | one long prompt against everyone's steps |
+# | (not built here: a chunk takes whatever budget is left) | `long_prefill_token_threshold` | one long prompt against everyone's steps |
 # | `policy="priority"`, `Request.priority` | `scheduling_policy="priority"`, `priority=` per request | urgent requests' tails against the rest |
 # | FCFS admission (stop at the head) | `scheduling_policy="fcfs"` (the default) | fairness against utilisation |
 # | `watermark` | v0's block-manager watermark (v1 has none) | preemptions against admissions |
