@@ -12,9 +12,11 @@ so it behaves like a real model in the ways that matter here:
 
 One file per job: `model` (the toy model and its unconstrained `toy_generate`), `executor` (its
 simulated KV cache), `runner` (`run`: the engine's own loop, `kvcourse.engine.EngineCore`, with the toy executor), `blind_scheduler` (notebook 01's
-memory-blind scheduler), `workload` (seeded requests). Pictures live in `kvcourse.viz`.
+memory-blind scheduler), `workload` (seeded requests), `arrivals` (`serve`: requests arriving while the
+loop runs, on a simulated or the wall clock; notebook 07). Pictures live in `kvcourse.viz`.
 """
 
+from kvcourse.toy.arrivals import RequestTimes, SimulatedClock, StepCost, WallClock, serve, serve_engine
 from kvcourse.toy.blind_scheduler import BlindStallFreeScheduler
 from kvcourse.toy.executor import ToyExecutor, block_tables_for
 from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_generate, toy_next_token
@@ -26,12 +28,18 @@ __all__ = [
     "BlindStallFreeScheduler",
     "Deadlock",
     "Livelock",
+    "RequestTimes",
+    "SimulatedClock",
+    "StepCost",
     "StepRecord",
     "ToyExecutor",
     "Trace",
+    "WallClock",
     "block_tables_for",
     "format_step",
     "run",
+    "serve",
+    "serve_engine",
     "toy_generate",
     "toy_next_token",
     "toy_requests",
