@@ -458,10 +458,11 @@ class KVCacheManager:
 
     def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
         """Count an admission's tokens and hits, for the hit-rate plot (only while caching is on)."""
-        if self.enable_prefix_caching:
-            self.prefix_cache_stats.requests += 1
-            self.prefix_cache_stats.queries += request.num_tokens
-            self.prefix_cache_stats.hits += num_hit_tokens
+        if not self.enable_prefix_caching:
+            return
+        self.prefix_cache_stats.requests += 1
+        self.prefix_cache_stats.queries += request.num_tokens
+        self.prefix_cache_stats.hits += num_hit_tokens
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached-free block's prefix (vLLM's name): True, or False with a warning saying why.
@@ -501,14 +502,13 @@ class KVCacheManager:
             )
         # Exercise 4.5 (contract): afterwards the child has a block table of its OWN (growing one table
         # never grows the other) listing the parent's blocks in order, and every one of those blocks
-        # has one more holder. No block is taken from the pool.
+        # has one more holder. No block is taken from the pool. The child also inherits, as copies of
+        # its own, the parent's hash chain (req_to_block_hashes, keyed to the child) and publishing
+        # progress (num_cached_block): the shared blocks are never hashed or published again.
         # TODO: Exercise 4.5: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.fork."
         )
-        if parent.id in self.req_to_block_hashes:
-            self.req_to_block_hashes[child.id] = (child, list(self.req_to_block_hashes[parent.id][1]))
-        self.num_cached_block[child.id] = self.num_cached_block.get(parent.id, 0)
 
     def _shared_blocks_to_write(self, request: Request, first_write: int, num_tokens: int) -> list[int]:
         """Logical indices of blocks this step writes into that another table also holds."""

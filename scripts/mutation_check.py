@@ -146,6 +146,8 @@ MUTANTS = [
     Mutant("4.4", "keeps the block's old hash", "        block.block_hash = None\n", ""),
     Mutant("4.5", "the child's table is the parent's list", "self.req_to_blocks[child.id] = list(blocks)",
            "self.req_to_blocks[child.id] = blocks"),
+    Mutant("4.5", "the child shares the parent's hash list",
+           "(child, list(self.req_to_block_hashes[parent.id][1]))", "(child, self.req_to_block_hashes[parent.id][1])"),
     Mutant("4.5", "fork adds no holder", "        self.block_pool.touch(blocks)\n", ""),
     Mutant("4.5", "the copied block keeps this holder", "            self.block_pool.free_blocks([src])\n", ""),
     Mutant("4.6", "copies shared blocks before the write too", "range(first_write // self.block_size, last)",

@@ -325,6 +325,18 @@ def test_hits_on_freed_blocks_leave_the_free_queue():
 
 
 @pytest.mark.ex4_3
+def test_hit_rate_counts_admitted_tokens_and_hits():
+    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    admit(manager, request(1, SYSTEM + [1]))
+    admit(manager, request(2, SYSTEM + [2, 3]))
+    stats = manager.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (2, 13 + 14, 12), (
+        "the stats should count two admissions, their 27 tokens, and the 12 tokens the second one hit"
+    )
+    assert stats.hit_rate == pytest.approx(12 / 27), "hit_rate is hits / queries"
+
+
+@pytest.mark.ex4_3
 def test_everything_comes_back_after_sharing():
     manager = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
     reqs = [request(i, SYSTEM + [i, i]) for i in range(3)]
@@ -428,6 +440,26 @@ def test_fork_gives_the_child_its_own_table():
     manager.req_to_blocks[child.id].extend(manager.block_pool.get_new_blocks(1))
     assert len(manager.get_block_ids(parent)) == 2, "growing the child's table must not grow the parent's"
     assert len(manager.get_block_ids(child)) == 3, "the child should have a table (a list) of its own"
+
+
+@pytest.mark.ex4_5
+def test_a_forked_child_inherits_the_hash_chain(count_hashes):
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    parent = request(1, SYSTEM + [1])
+    manager.allocate_slots(parent, parent.num_tokens)
+    parent.num_computed_tokens = parent.num_tokens
+    hashed = len(count_hashes)
+    child = request(2, SYSTEM + [1], num_computed_tokens=parent.num_tokens)
+    manager.fork(parent, child)
+    child.output_tokens += [7, 7, 7]  # the child fills its last block: one new full block
+    manager._block_hashes(child)
+    assert len(count_hashes) == hashed + 1, (
+        "a forked child should inherit its parent's hash chain: only its own new full block is hashed"
+    )
+    assert manager._block_hashes(child) == hash_request_tokens(4, child.all_token_ids), "the child's chain is right"
+    assert manager._block_hashes(parent) == hash_request_tokens(4, parent.all_token_ids), (
+        "the child's chain must be a copy: extending it must not extend the parent's"
+    )
 
 
 @pytest.mark.ex4_5
