@@ -198,7 +198,7 @@ _EXERCISES = [
         module="kv_cache",
         minutes=15,
         hint="A fork copies the table, not the blocks. A copy-on-write swaps one entry of the table for a fresh block.",
-        approach="fork: touch the parent's blocks and store list(parent's blocks) as the child's table. _copy_on_write: take len(indices) new blocks; for each index, free the old block through the pool, put the new one in its place, and append (old id, new id) to pending_copies; return the new blocks. take_pending_copies: swap the list for an empty one and return the old one.",
+        approach="fork: touch the parent's blocks, store list(parent's blocks) as the child's table, and give the child (child, a copy of the parent's hash list) and the parent's num_cached_block. _copy_on_write: take len(indices) new blocks; for each index, free the old block through the pool, put the new one in its place, and append (old id, new id) to pending_copies; return the new blocks. take_pending_copies: swap the list for an empty one and return the old one.",
     ),
     Exercise(
         id="4.6",
