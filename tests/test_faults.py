@@ -131,6 +131,24 @@ def test_engine_fault_at_a_random_step_leaves_a_consistent_engine(model, expecte
     assert engine.stats.preemptions > 0 and engine.stats.prefix_hit_tokens > 0, "meant to run under pressure"
 
 
+def test_recovery_does_not_depend_on_the_learners_abort(model, expected):
+    """A learner who has not written Exercise 7.4 (abort) still gets a consistent engine after a fault."""
+    engine = _tight_engine(model)
+
+    def unwritten(*args, **kwargs):
+        raise NotImplementedError("Exercise 7.4 (abort): not written yet")
+
+    engine.scheduler.finish_requests = unwritten
+    _inject(engine.runner, "execute", 3, "execute")
+    with pytest.raises(InjectedFault) as caught:
+        engine.generate(PROMPTS, NEW_TOKENS)
+    assert "given back" in " ".join(caught.value.__notes__), "the engine must clean up by itself and say so"
+    _assert_settled(engine.scheduler, engine.kv_cache_manager, list(engine._requests.values()))
+    delattr(engine.runner, "execute")
+    del engine.scheduler.finish_requests
+    assert engine.generate(PROMPTS, NEW_TOKENS) == expected
+
+
 def test_step_api_fault_fails_only_the_batch_and_the_rest_go_on(model, expected):
     """A server drives step(): a fault ends that step's requests; queued ones still finish, correctly."""
     engine = LLMEngine(model, num_blocks=64, block_size=4, token_budget=40, max_batch_size=2)
