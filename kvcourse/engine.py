@@ -152,6 +152,13 @@ def describe_stall(scheduler: SchedulerProtocol, iteration: int) -> str:
         f"iteration {iteration}: the scheduler planned an empty batch with requests unfinished "
         f"(running {running}, waiting {waiting}{free})"
     )
+    if running and manager is not None and manager.get_num_free_blocks() > 0:
+        return (
+            f"{head}: blocks are free, yet no running request was given anything to do. Does every "
+            "running request land in exactly one pass: a decode once its prompt is cached, else the "
+            "prefill pass (a request recomputing after a preemption has output tokens to re-feed too: "
+            "see request.is_prefill_done and num_uncomputed_tokens)? The next step would be the same."
+        )
     if running:
         return (
             f"{head}: each running request needs one more block, only another running request could "
