@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(check_mutant, mutants))
+    results.sort(key=lambda r: tuple(map(int, r[0].exercise.split("."))))  # stable: the list's order within one
     print(f"{'exercise':<9} {'mutant':<58} {'result':<9} caught by")
     for mutant, verdict, detail in results:
         print(f"{mutant.exercise:<9} {mutant.description[:58]:<58} {verdict:<9} {detail}")
