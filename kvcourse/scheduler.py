@@ -53,12 +53,12 @@ Serving knobs (notebook 07), each named after vLLM's:
 
 from __future__ import annotations
 
-import math
+import math  # noqa: F401
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvcourse.kv_cache_interface import KVCacheManagerProtocol, blocks_needed
+from kvcourse.kv_cache_interface import KVCacheManagerProtocol, blocks_needed  # noqa: F401
 from kvcourse.request import Request, RequestStatus, check_request
 
 _MANAGER_METHODS = ("allocate_slots", "free", "get_computed_blocks", "get_num_free_blocks", "num_blocks", "block_size")
@@ -246,11 +246,11 @@ class StallFreeScheduler:
 
     def _reject_if_never_fits(self, request: Request) -> bool:
         """A request needing more blocks than the whole cache could never finish: refuse it now, saying why."""
-        manager = self.kv_cache_manager
         # Exercise 2.9: reject what can never fit.
         #   Returns True when the request could never finish even with the whole cache to itself: at its
-        #   longest it holds its prompt plus max_new_tokens tokens, in blocks of manager.block_size (a
-        #   partial block counts), and the cache has manager.num_blocks. Otherwise returns False.
+        #   longest it holds its prompt plus max_new_tokens tokens, in blocks of the manager's block_size
+        #   (a partial block counts), and the cache has its num_blocks (the manager:
+        #   self.kv_cache_manager). Otherwise returns False.
         #   When it returns True: the request is REJECTED, its `reason` is a sentence a user can act on
         #   (what it needs, what there is), and it is listed in self.rejected; add_request then leaves
         #   it out of the waiting queue. When it returns False, nothing has changed.
@@ -454,10 +454,9 @@ class StallFreeScheduler:
 
     def _move_to_cpu(self, victim: Request, num_computed: int) -> bool:
         """Swap-out: the victim's blocks were copied to the CPU pool before being freed, if the pool has room."""
-        manager = self.kv_cache_manager
         # Exercise 7.3 (swap-out): `victim` has just been preempted (Exercise 2.7 or 7.1): it holds no
         #   GPU blocks and counts nothing as computed; `num_computed` is how many of its tokens were
-        #   cached a moment ago. Their K/V needs blocks_needed(num_computed, manager.block_size) CPU
+        #   cached a moment ago. Their K/V needs blocks_needed(num_computed, self.kv_cache_manager.block_size) CPU
         #   blocks, and self.num_free_cpu_blocks are free.
         #   Returns True when it was swapped out: there was something to keep and room for it. Then
         #   self._swapped[victim.id] holds the number of CPU blocks it takes, and the victim again
@@ -479,7 +478,6 @@ class StallFreeScheduler:
 
     def _move_to_gpu(self, request: Request, token_budget_left: int) -> ScheduledSequence | None:
         """Swap-in: GPU blocks for the kept tokens and the next chunk, all or nothing, then it runs again."""
-        manager = self.kv_cache_manager
         # Exercise 7.3 (swap-in): `request` is waiting and swapped out (it is in self._swapped): it
         #   counts request.num_computed_tokens tokens as computed, kept in the CPU pool, but holds no
         #   GPU blocks. Returns its next chunk, built by self._advance: as many of its uncomputed
@@ -497,7 +495,6 @@ class StallFreeScheduler:
 
     def _keeps_watermark(self, request: Request, num_new_tokens: int) -> bool:
         """Whether admitting this request's first chunk leaves the watermark's blocks free for running decodes."""
-        manager = self.kv_cache_manager
         # Exercise 7.2: a watermark for admission.
         #   `request` is waiting, and its first chunk would be num_new_tokens tokens (nothing of it is
         #   cached yet). Returns True when admitting it keeps at least self.watermark_blocks blocks

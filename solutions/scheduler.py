@@ -252,16 +252,17 @@ class StallFreeScheduler:
 
     def _reject_if_never_fits(self, request: Request) -> bool:
         """A request needing more blocks than the whole cache could never finish: refuse it now, saying why."""
-        manager = self.kv_cache_manager
         # Exercise 2.9: reject what can never fit.
         #   Returns True when the request could never finish even with the whole cache to itself: at its
-        #   longest it holds its prompt plus max_new_tokens tokens, in blocks of manager.block_size (a
-        #   partial block counts), and the cache has manager.num_blocks. Otherwise returns False.
+        #   longest it holds its prompt plus max_new_tokens tokens, in blocks of the manager's block_size
+        #   (a partial block counts), and the cache has its num_blocks (the manager:
+        #   self.kv_cache_manager). Otherwise returns False.
         #   When it returns True: the request is REJECTED, its `reason` is a sentence a user can act on
         #   (what it needs, what there is), and it is listed in self.rejected; add_request then leaves
         #   it out of the waiting queue. When it returns False, nothing has changed.
         #   Edge: a request that fits the cache exactly is accepted.
         # BEGIN SOLUTION 2.9
+        manager = self.kv_cache_manager
         needed = math.ceil((request.num_prompt_tokens + request.max_new_tokens) / manager.block_size)
         if needed <= manager.num_blocks:
             return False
@@ -504,16 +505,16 @@ class StallFreeScheduler:
 
     def _move_to_cpu(self, victim: Request, num_computed: int) -> bool:
         """Swap-out: the victim's blocks were copied to the CPU pool before being freed, if the pool has room."""
-        manager = self.kv_cache_manager
         # Exercise 7.3 (swap-out): `victim` has just been preempted (Exercise 2.7 or 7.1): it holds no
         #   GPU blocks and counts nothing as computed; `num_computed` is how many of its tokens were
-        #   cached a moment ago. Their K/V needs blocks_needed(num_computed, manager.block_size) CPU
+        #   cached a moment ago. Their K/V needs blocks_needed(num_computed, self.kv_cache_manager.block_size) CPU
         #   blocks, and self.num_free_cpu_blocks are free.
         #   Returns True when it was swapped out: there was something to keep and room for it. Then
         #   self._swapped[victim.id] holds the number of CPU blocks it takes, and the victim again
         #   counts num_computed tokens as computed (they will come back, not be recomputed).
         #   Returns False otherwise, changing nothing: the victim will be recomputed.
         # BEGIN SOLUTION 7.3
+        manager = self.kv_cache_manager
         cpu_blocks = blocks_needed(num_computed, manager.block_size)
         if num_computed == 0 or cpu_blocks > self.num_free_cpu_blocks:
             return False
@@ -533,7 +534,6 @@ class StallFreeScheduler:
 
     def _move_to_gpu(self, request: Request, token_budget_left: int) -> ScheduledSequence | None:
         """Swap-in: GPU blocks for the kept tokens and the next chunk, all or nothing, then it runs again."""
-        manager = self.kv_cache_manager
         # Exercise 7.3 (swap-in): `request` is waiting and swapped out (it is in self._swapped): it
         #   counts request.num_computed_tokens tokens as computed, kept in the CPU pool, but holds no
         #   GPU blocks. Returns its next chunk, built by self._advance: as many of its uncomputed
@@ -545,6 +545,7 @@ class StallFreeScheduler:
         #   self.active_pool. When allocate_slots says no: returns None, and nothing has changed (like
         #   any admission, a swap-in preempts nobody).
         # BEGIN SOLUTION 7.3
+        manager = self.kv_cache_manager
         kept = request.num_computed_tokens
         num_new_tokens = min(request.num_uncomputed_tokens, token_budget_left)
         request.num_computed_tokens = 0
@@ -561,7 +562,6 @@ class StallFreeScheduler:
 
     def _keeps_watermark(self, request: Request, num_new_tokens: int) -> bool:
         """Whether admitting this request's first chunk leaves the watermark's blocks free for running decodes."""
-        manager = self.kv_cache_manager
         # Exercise 7.2: a watermark for admission.
         #   `request` is waiting, and its first chunk would be num_new_tokens tokens (nothing of it is
         #   cached yet). Returns True when admitting it keeps at least self.watermark_blocks blocks
@@ -570,6 +570,7 @@ class StallFreeScheduler:
         #   protects running decodes, and with none there, refusing could leave the request waiting
         #   forever. Changes nothing.
         # BEGIN SOLUTION 7.2
+        manager = self.kv_cache_manager
         if not self.active_pool:
             return True
         needed = blocks_needed(num_new_tokens, manager.block_size)

@@ -21,6 +21,7 @@ package contains a marker.)
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import re
 import subprocess
@@ -116,12 +117,42 @@ def generate(source: str, filename: str = "<solution>") -> tuple[str, list[Regio
             out.append(line)
     if region:
         raise StubError(f"{filename}:{region[0]}: the region of exercise {region[1]} is never closed by '{END_MARK}'.")
-    return "".join(out), regions
+    return _mark_unused_imports("".join(out)), regions
 
 
 def make_stub(source: str, filename: str = "<solution>") -> str:
     """Replace every BEGIN/END SOLUTION region by a TODO and a NotImplementedError."""
     return generate(source, filename)[0]
+
+
+NOQA_UNUSED = "  # noqa: F401"  # an import only the learner's code will use: no lint warning before they write it
+
+
+def _mark_unused_imports(text: str) -> str:
+    """Tag the imports that only the removed solutions used, so a learner's editor shows a clean stub."""
+    tree = ast.parse(text)
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    used |= {  # names re-exported through __all__ count as used (as ruff counts them)
+        element.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List | ast.Tuple)
+        if any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets)
+        for element in node.value.elts
+        if isinstance(element, ast.Constant)
+    }
+    unused_lines = {
+        alias.lineno
+        for node in tree.body
+        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and node.module != "__future__")
+        for alias in node.names
+        if (alias.asname or alias.name).split(".")[0] not in used
+    }
+    lines = text.splitlines(keepends=True)
+    for number in sorted(unused_lines):
+        line = lines[number - 1]
+        if "noqa" not in line:
+            lines[number - 1] = line.rstrip("\n") + NOQA_UNUSED + "\n"
+    return "".join(lines)
 
 
 def locate(text: str, stub: str, regions: list[Region]) -> list[tuple[int, int]]:
