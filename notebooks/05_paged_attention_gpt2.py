@@ -339,14 +339,18 @@ check("5.5")
 # same architecture with seeded random weights (it says which). Random weights make gibberish, but
 # the claim we test, *the paged engine computes exactly what Hugging Face computes*, holds for any
 # weights. The engine uses the lesson's settings: 100 blocks of 16 tokens, a token budget of 1024, at
-# most 8 sequences per step, 5 new tokens per request.
+# most 8 sequences per step, 5 new tokens per request. `attention="reference"` runs YOUR attention
+# (Exercises 5.1–5.3); the engine's default, `"fast"`, is the vectorised backend that benchmarks and
+# the server use (notebook 06 compares the two).
 
 # %%
 # NBVAL_IGNORE_OUTPUT  (pretrained online, random offline: the decoded text differs)
 tokenizer = load_tokenizer()
 gpt2 = load_gpt2("gpt2")
 prompts = [tokenizer.encode(p) for p in LESSON_PROMPTS]
-engine = LLMEngine(gpt2, num_blocks=100, block_size=16, token_budget=1024, max_batch_size=8, tokenizer=tokenizer)
+engine = LLMEngine(
+    gpt2, num_blocks=100, block_size=16, token_budget=1024, max_batch_size=8, tokenizer=tokenizer, attention="reference"
+)
 outputs = engine.generate(prompts, max_new_tokens=5, trace=True)
 for prompt, output in zip(LESSON_PROMPTS, outputs):
     print(f"{prompt[:50]!r:<54} -> {tokenizer.decode(output)!r}")
@@ -379,7 +383,9 @@ print("engine == model.generate(do_sample=False), one prompt at a time:", output
 # must not change.
 
 # %%
-tight = LLMEngine(gpt2, num_blocks=8, block_size=8, token_budget=24, max_batch_size=8, tokenizer=tokenizer)
+tight = LLMEngine(
+    gpt2, num_blocks=8, block_size=8, token_budget=24, max_batch_size=8, tokenizer=tokenizer, attention="reference"
+)
 tight_outputs = tight.generate(prompts, max_new_tokens=5, trace=True)
 print(*tight.trace, sep="\n")
 print(
@@ -405,7 +411,9 @@ print("system prompt:", len(tokenizer.encode(system)), "tokens; prompts:", [len(
 
 runs = {}
 for caching in (False, True):
-    chat = LLMEngine(gpt2, num_blocks=64, block_size=8, enable_prefix_caching=caching, tokenizer=tokenizer)
+    chat = LLMEngine(
+        gpt2, num_blocks=64, block_size=8, enable_prefix_caching=caching, tokenizer=tokenizer, attention="reference"
+    )
     runs[caching] = (chat.generate(chat_prompts, max_new_tokens=5), chat.stats)
     print(
         f"prefix caching {'on ' if caching else 'off'}: {runs[caching][1].prefix_hit_tokens:>3} prompt tokens "
@@ -436,7 +444,7 @@ settings = {
     "prefix caching, block size 3": dict(num_blocks=80, block_size=3, token_budget=48, enable_prefix_caching=True),
 }
 for name, kwargs in settings.items():
-    run = LLMEngine(tiny, **kwargs)
+    run = LLMEngine(tiny, attention="reference", **kwargs)
     same = run.generate(mixed_prompts, max_new_tokens=8) == expected
     s = run.stats
     print(
