@@ -35,8 +35,10 @@ from kvcourse.toy.arrivals import RequestTimes, ServingRun, SimulatedClock, Step
 PERCENTILES = (50, 90, 99)
 LONG_PROMPT = 160  # prompts at least this long are "long" in the long-tailed workload
 
-# PROVISIONAL (not yet measured): replaced by a fit of `measure_step_costs` on GPT-2 small.
-GPT2_CPU_STEP_COST = StepCost(fixed_s=0.030, per_token_s=0.0016)
+# Fitted with `fit_step_cost(measure_step_costs(load_gpt2("gpt2")))`: GPT-2 small (124M, fp32, the fast
+# attention backend) on this project's 2-core CPU machine, 2026-12-01, steps of 1 to 256 tokens:
+# 39.3 ms + 1.39 ms per token. Refit on your own machine the same way.
+GPT2_CPU_STEP_COST = StepCost(fixed_s=0.039, per_token_s=0.0014)
 
 GPT2_PARAMETERS = 124_439_808  # GPT-2 small (tied embeddings), for its FLOPs per token: 2 x parameters
 GPT2_FP32_KV_BYTES_PER_TOKEN = 2 * 12 * 768 * 4  # K and V, 12 layers, 768 wide, fp32 (the CPU engine's dtype)
