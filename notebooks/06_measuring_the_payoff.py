@@ -216,16 +216,16 @@ plt.show()
 # operations per layer, so its attention share shrinks and what remains is the forward pass itself.
 #
 # **On GPT-2 small** (the full CPU study, `python -m kvcourse.bench throughput`, measured on
-# 2026-12-01 on this course's 2-core CPU machine while other jobs shared it; seeded random weights,
+# 2026-12-01 on this course's 2-core CPU machine with nothing else running; seeded random weights,
 # 32 requests, batch 8, two threads, best of two rounds, block-size sweep off): HF static batches
-# 41.5 tokens/s, HF continuous batching 64.6 (1.56×), kvcourse with the fast backend 60.0 (1.45×),
-# with the reference attention 59.1 (1.42×); greedy tokens identical for every request. Attention
-# took 1.35 s of kvcourse's 19.2 s (7.1%) with the fast backend and 2.92 s (15.0%) with the reference;
-# 84-92% is the rest of the forward pass, GPT-2's matrix multiplies, the same work in every engine. On
-# a real-size model on a CPU the engines are therefore close: transformers' continuous batching was
-# still about 7% ahead of ours here, and faster attention alone cannot close a gap that sits in the
-# matrix multiplies. Figures on a shared machine move from run to run: rerun to see yours. GPU
-# figures (GPT-2 with 64 or more requests) are still due.
+# 43.8 tokens/s, HF continuous batching 62.8 (1.43×), kvcourse with the fast backend 70.4 (1.61×, so
+# 1.12× transformers' continuous batching), with the reference attention 64.6 (1.48×); greedy tokens
+# identical for every request. Attention took 7.1% of kvcourse's time with the fast backend and 13.8%
+# with the reference; 91.7% is the rest of the forward pass, GPT-2's matrix multiplies, the same work
+# in every engine. On a real-size model on a CPU the engines are therefore close, and faster attention
+# alone cannot widen the lead much: the gap sits in the matrix multiplies. Figures move with the
+# machine's load (the same study on a busy machine gave 0.93×): rerun to see yours. GPU figures (GPT-2
+# with 64 or more requests) are still due.
 
 # %% [markdown]
 # ## 3. Kernel: decode attention is a memory copy in disguise

@@ -57,6 +57,31 @@ class ModelInputs:
         }
 
 
+def token_layout(
+    table: torch.Tensor, starts: torch.Tensor, num_tokens: torch.Tensor, query_start_loc: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each scheduled token's position and cache slot, and each sequence's cached length after the step."""
+    # Exercise 5.5: with tensor operations only (no Python loop over tokens), return for the T
+    # scheduled tokens, sequence after sequence:
+    #   positions [T]:    sequence b's tokens sit at starts[b], starts[b] + 1, ... (the tokens before
+    #                     them are already in the cache);
+    #   slot_mapping [T]: position p of sequence b lives in logical block p // block_size at offset
+    #                     p % block_size; its slot is table[b, that block] * block_size + the offset;
+    #   seq_lens [B]:     how many tokens each sequence has in the cache once this step has run.
+    # Inputs: table [B, width] (each sequence's block table, padded with 0), starts [B], num_tokens [B]
+    # and query_start_loc [B + 1] (where each sequence's tokens begin in the row; query_start_loc[-1]
+    # == T). All are int64 tensors. torch.repeat_interleave turns a per-sequence tensor into a
+    # per-token one.
+    # BEGIN SOLUTION 5.5
+    seq_of_token = torch.repeat_interleave(torch.arange(len(starts)), num_tokens)  # [T]: each token's sequence
+    offset_in_chunk = torch.arange(int(query_start_loc[-1])) - query_start_loc[seq_of_token]
+    positions = starts[seq_of_token] + offset_in_chunk
+    slot_mapping = table[seq_of_token, positions // block_size] * block_size + positions % block_size
+    seq_lens = starts + num_tokens
+    return positions, slot_mapping, seq_lens
+    # END SOLUTION
+
+
 def prepare_inputs(
     batch: Sequence[ScheduledSequenceLike],
     block_tables: dict[int, list[int]],
@@ -74,23 +99,7 @@ def prepare_inputs(
     num_tokens = torch.tensor([len(seq.tokens) for seq in batch], dtype=torch.long)  # [B]
     query_start_loc = torch.zeros(len(batch) + 1, dtype=torch.long)
     torch.cumsum(num_tokens, dim=0, out=query_start_loc[1:])
-    # Exercise 5.5: with tensor operations only (no Python loop over tokens), compute for the T
-    # scheduled tokens, sequence after sequence:
-    #   positions [T]:    sequence b's tokens sit at starts[b], starts[b] + 1, ... (the tokens before
-    #                     them are already in the cache);
-    #   slot_mapping [T]: position p of sequence b lives in logical block p // block_size at offset
-    #                     p % block_size; its slot is table[b, that block] * block_size + the offset;
-    #   seq_lens [B]:     how many tokens each sequence has in the cache once this step has run.
-    # You have table [B, width], starts [B], num_tokens [B] and query_start_loc [B + 1] (where each
-    # sequence's tokens begin in the row; query_start_loc[-1] == T). torch.repeat_interleave turns a
-    # per-sequence tensor into a per-token one.
-    # BEGIN SOLUTION 5.5
-    seq_of_token = torch.repeat_interleave(torch.arange(len(batch)), num_tokens)  # [T]: each token's sequence
-    offset_in_chunk = torch.arange(int(query_start_loc[-1])) - query_start_loc[seq_of_token]
-    positions = starts[seq_of_token] + offset_in_chunk
-    slot_mapping = table[seq_of_token, positions // block_size] * block_size + positions % block_size
-    seq_lens = starts + num_tokens
-    # END SOLUTION
+    positions, slot_mapping, seq_lens = token_layout(table, starts, num_tokens, query_start_loc, block_size)
     input_ids = torch.tensor(list(itertools.chain.from_iterable(seq.tokens for seq in batch)), dtype=torch.long)
     return ModelInputs(
         request_ids=[seq.request_id for seq in batch],

@@ -246,7 +246,7 @@ _EXERCISES = [
         module="model_runner",
         minutes=15,
         hint="Positions start at position_ids_start (the tokens already cached); position p lives in block p // block_size at offset p % block_size.",
-        approach="Positions start at position_ids_start (the tokens already cached); position p lives in block p // block_size at offset p % block_size.",
+        approach="First give every token the index of its sequence (repeat_interleave of arange(B) by num_tokens); then its offset within its chunk is its index in the row minus query_start_loc of its sequence; position = start + offset; index the table with (sequence, position // block_size) for the slot.",
     ),
     Exercise(
         id="7.1",
