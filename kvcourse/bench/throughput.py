@@ -155,7 +155,7 @@ def step_breakdown(engine, total_seconds: float) -> dict:
     The engine times schedule / execute / update (`engine.stats.step_seconds`); its runner times the
     parts of execute (`engine.runner.timings`); `other` is the rest (block copies, the step loop).
     """
-    phases = getattr(engine.stats, "step_seconds", None) or {}
+    phases = engine.stats.step_seconds
     runner = engine.runner.timings
     seconds = {
         "schedule": phases.get("schedule", 0.0),

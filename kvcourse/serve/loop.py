@@ -304,7 +304,7 @@ class EngineLoop:
             last_error=self._last_error,
             running_ids=running,
         )
-        self.metrics.update(self.state, getattr(manager, "prefix_cache_stats", None))
+        self.metrics.update(self.state, manager.prefix_cache_stats)
 
 
 def _settled(request: Request) -> bool:

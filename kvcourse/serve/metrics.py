@@ -73,7 +73,7 @@ class ServerMetrics:
         self.free_blocks.set(state.num_free_blocks)
         self.num_blocks.set(state.num_blocks)
         if prefix_stats is not None:
-            queries, hits = int(getattr(prefix_stats, "queries", 0)), int(getattr(prefix_stats, "hits", 0))
+            queries, hits = int(prefix_stats.queries), int(prefix_stats.hits)
             self.prefix_queries.set(queries)
             self.prefix_hits.set(hits)
             self.prefix_hit_rate.set(hits / queries if queries else 0.0)
