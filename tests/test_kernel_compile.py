@@ -184,7 +184,10 @@ def test_common_mistakes_are_explained_in_words(tmp_path, mistake):
     source = (ROOT / "solutions" / "attention.py").read_text()
     assert source.count(old) == 1
     path = tmp_path / "attention_mistake.py"
-    path.write_text(source.replace(old, new).replace("import math\n", "import math\n\nNEG_INF = float('-inf')\n", 1))
+    # the module-level names a slip may reach for: Python's math, and a global constant
+    header = "import math\n\nimport torch\n\nNEG_INF = float('-inf')\n"
+    assert source.count("import torch\n") == 1
+    path.write_text(source.replace(old, new).replace("import torch\n", header, 1))
     with pytest.raises(KernelCompileError) as caught:
         compile_decode_kernels(_load(path)._paged_decode_kernel, (90,), ("fp32",))
     message = str(caught.value)
