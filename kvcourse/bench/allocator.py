@@ -24,8 +24,6 @@ sizes are interleaved in every round, and the best round is kept.
 
 from __future__ import annotations
 
-import gc
-import time
 from collections.abc import Callable, Sequence
 
 from kvcourse.bench.common import device_name, emit, not_written, parse_args, progress, run_reference, whose_code
@@ -89,18 +87,18 @@ def _busy_pool(kv_cache, num_blocks: int):
     return pool
 
 
+def _microseconds_per_op(one_round: Callable[[], object], reps: int, ops_per_round: int) -> float:
+    """Time `reps` rounds with torch.utils.benchmark (garbage collection off, as timeit does); µs per operation."""
+    from torch.utils.benchmark import Timer
+
+    measurement = Timer(stmt="one_round()", globals={"one_round": one_round}).timeit(reps)
+    return measurement.mean / ops_per_round * 1e6
+
+
 def _time_per_block(pool, reps: int) -> float:
     """Microseconds per block for `reps` rounds of allocate BATCH blocks + free them."""
     get_new_blocks, free_blocks = pool.get_new_blocks, pool.free_blocks
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for _ in range(reps):
-            free_blocks(get_new_blocks(BATCH))
-        elapsed = time.perf_counter() - start
-    finally:
-        gc.enable()
-    return elapsed / (reps * BATCH) * 1e6
+    return _microseconds_per_op(lambda: free_blocks(get_new_blocks(BATCH)), reps, BATCH)
 
 
 def _free_pool(kv_cache, num_blocks: int):
@@ -118,33 +116,25 @@ def _time_hit_linked(pool, reps: int) -> float:
     """Microseconds per hit: unlink a free block from the middle (touch), then free it again."""
     blocks = [pool.blocks[i] for i in _middle_ids(pool.num_blocks)]
     touch, free_blocks = pool.touch, pool.free_blocks
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for _ in range(reps):
-            for block in blocks:
-                touch([block])
-                free_blocks([block])
-        elapsed = time.perf_counter() - start
-    finally:
-        gc.enable()
-    return elapsed / (reps * len(blocks)) * 1e6
+
+    def one_round() -> None:
+        for block in blocks:
+            touch([block])
+            free_blocks([block])
+
+    return _microseconds_per_op(one_round, reps, len(blocks))
 
 
 def _time_hit_stack(stack: StackAllocator, reps: int) -> float:
     """Microseconds per hit for the stack: search the block out of the list, then push it back."""
     ids = _middle_ids(len(stack.free_ids))
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for _ in range(reps):
-            for block_id in ids:
-                stack.touch(block_id)
-                stack.free_blocks([block_id])
-        elapsed = time.perf_counter() - start
-    finally:
-        gc.enable()
-    return elapsed / (reps * len(ids)) * 1e6
+
+    def one_round() -> None:
+        for block_id in ids:
+            stack.touch(block_id)
+            stack.free_blocks([block_id])
+
+    return _microseconds_per_op(one_round, reps, len(ids))
 
 
 def _measure(
