@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from kvcourse.backends.fast import FastAttentionMetadata
+from kvcourse.backends.packed import can_pack, packed_weights
 from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS, AttentionTimer, PagedKVCache
 
 
@@ -155,6 +156,7 @@ class ModelRunner:
         attention: str = "reference",
         *,
         synchronize_timings: bool = False,
+        pack_weights: bool | None = None,
     ) -> None:
         if attention not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}; got {attention!r}.")
@@ -167,14 +169,20 @@ class ModelRunner:
         self.timings = RunnerTimings()
         self._attention_timer = AttentionTimer()
         self.synchronize_timings = synchronize_timings
+        # None: pack when it pays (CPU, float32); the packed copy costs the weights' size in memory once more.
+        if pack_weights is None:
+            pack_weights = can_pack(model)
+        self.packed_weights = packed_weights(model) if pack_weights else None
 
     @contextlib.contextmanager
     def paged_attention(self) -> Iterator[None]:
-        """Route the model's attention to ours for a while, then restore it (the model stays usable elsewhere)."""
+        """Route the model's attention (and its linear layers, when packed) to ours for a while, then restore it."""
         previous = self.model.config._attn_implementation
         self.model.set_attn_implementation(self.attn_implementation)
+        packed = self.packed_weights.active() if self.packed_weights else contextlib.nullcontext()
         try:
-            yield
+            with packed:
+                yield
         finally:
             self.model.set_attn_implementation(previous)
 

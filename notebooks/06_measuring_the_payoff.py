@@ -171,7 +171,10 @@ print(
 #   batch's keys and values through the block tables, then PyTorch's fused SDPA with a causal,
 #   variable-length mask built once per step);
 # * `kvcourse_ref_attention`: the same engine running *your* attention from exercises 5.2-5.3 (one
-#   sequence at a time, readable, slower), and `kvcourse_triton` with your Triton kernel where CUDA exists.
+#   sequence at a time, readable, slower), and `kvcourse_triton` with your Triton kernel where CUDA exists;
+# * `kvcourse_model_weights` (on a CPU, for GPT-2 small and wider): the same engine multiplying with
+#   the model's own layers instead of the copy of its weights the engine packs for oneDNN
+#   (`kvcourse/backends/packed.py`), so you can see what each of the two engine-side speed-ups is worth.
 #
 # Only the tokens each request asked for count. Every system is warmed up on a small slice first,
 # then timed on the whole workload, the systems taking turns.
@@ -216,16 +219,29 @@ plt.show()
 # operations per layer, so its attention share shrinks and what remains is the forward pass itself.
 #
 # **On GPT-2 small** (the full CPU study, `python -m kvcourse.bench throughput`, measured on
-# 2026-12-01 on this course's 2-core CPU machine with nothing else running; seeded random weights,
-# 32 requests, batch 8, two threads, best of two rounds, block-size sweep off): HF static batches
-# 43.8 tokens/s, HF continuous batching 62.8 (1.43×), kvcourse with the fast backend 70.4 (1.61×, so
-# 1.12× transformers' continuous batching), with the reference attention 64.6 (1.48×); greedy tokens
-# identical for every request. Attention took 7.1% of kvcourse's time with the fast backend and 13.8%
-# with the reference; 91.7% is the rest of the forward pass, GPT-2's matrix multiplies, the same work
-# in every engine. On a real-size model on a CPU the engines are therefore close, and faster attention
-# alone cannot widen the lead much: the gap sits in the matrix multiplies. Figures move with the
-# machine's load (the same study on a busy machine gave 0.93×): rerun to see yours. GPU figures (GPT-2
-# with 64 or more requests) are still due.
+# 2026-12-01 at 20:30 UTC on this course's 2-core CPU machine with nothing else running; seeded random
+# weights, 32 requests, 1,204 prompt and 1,150 output tokens, batch 8, two threads, best of two rounds):
+#
+# | system | tokens/s | × hf_static | × hf_continuous |
+# |---|---|---|---|
+# | hf_static | 64.9 | 1.00 | 0.74 |
+# | hf_continuous | 87.8 | 1.35 | 1.00 |
+# | kvcourse | 199.6 | 3.08 | 2.27 |
+# | kvcourse_ref_attention | 185.1 | 2.85 | 2.11 |
+# | kvcourse_model_weights | 105.5 | 1.63 | 1.20 |
+#
+# Greedy tokens were identical for every request in every system. Here the forward pass is not
+# Python overhead but GPT-2's matrix multiplies: 88% of kvcourse's time (attention 8.9%, preparing
+# inputs 1.4%, sampling 0.5%, scheduling 0.3%). A decode step multiplies eight rows by every weight
+# matrix, so it is bound by **reading the weights**, about 500 MB per step. Scheduling decides how
+# many useful tokens each read of the weights produces (continuous batching needs 181 steps where
+# static batches need 276 and pad every prompt); the kernel decides how fast one read goes. GPT-2's
+# `Conv1D` layers multiply `x @ W` with W stored [in, out]; oneDNN multiplies by a packed copy of the
+# same weights 1.3 to 1.8 times faster at these shapes (more for prefill chunks than for decodes), so
+# the engine packs that copy once, as vLLM converts weights after loading; the whole study runs 1.9
+# times faster with it (`kvcourse_model_weights` is the same engine without the copy). Figures move
+# with the machine and its load: rerun to see yours. GPU figures (GPT-2 with 64 or more requests) are
+# still due.
 
 # %% [markdown]
 # ## 3. Kernel: decode attention is a memory copy in disguise

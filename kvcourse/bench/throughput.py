@@ -11,6 +11,9 @@ Each system gets the same model, device, batch size and token capacity:
 - `kvcourse`: our `LLMEngine` (StallFreeScheduler + paged KVCacheManager + the fast attention
   backend, `kvcourse.backends.fast`: its default);
 - `kvcourse_ref_attention`: the same engine with the learner's reference attention (exercises 5.2-5.3);
+- `kvcourse_model_weights` (where the engine packs weights: CPU, GPT-2 small and up): the same engine
+  multiplying with the model's own `Conv1D` layers instead of its oneDNN-packed copy
+  (`kvcourse.backends.packed`), to show what the packing is worth;
 - `kvcourse_triton`: the same with the Triton decode kernel (CUDA only).
 
 Tokens per second counts only the tokens each request asked for, over wall time. Each system is
@@ -175,8 +178,10 @@ def step_breakdown(engine, total_seconds: float) -> dict:
     }
 
 
-def kvcourse_engine(attention: str = "fast", block_size: int | None = None, synchronize: bool = False) -> Callable:
-    """Our LLMEngine on the workload; a fresh engine per run, so every run starts from an empty cache.
+def kvcourse_engine(
+    attention: str = "fast", block_size: int | None = None, synchronize: bool = False, pack_weights: bool | None = None
+) -> Callable:
+    """Our LLMEngine on the workload; a fresh engine per run (its weight packing timed too), from an empty cache.
 
     After each run, `run_engine.breakdown` holds that run's step_breakdown (synchronize: on a GPU,
     wait for the kernels at each timing point, which costs speed: for a dedicated breakdown run).
@@ -193,6 +198,7 @@ def kvcourse_engine(attention: str = "fast", block_size: int | None = None, sync
             token_budget=s.token_budget,
             max_batch_size=s.max_batch_size,
             attention=attention,
+            pack_weights=pack_weights,
         )
         engine.runner.synchronize_timings = synchronize
         # generate() takes one max_new_tokens for all: queue each request with its own, then step.
@@ -206,8 +212,8 @@ def kvcourse_engine(attention: str = "fast", block_size: int | None = None, sync
     return run_engine
 
 
-def systems(cuda: bool) -> dict[str, Callable]:
-    """Every system to time, by the name used in the JSON."""
+def systems(cuda: bool, packs: bool = False) -> dict[str, Callable]:
+    """Every system to time, by the name used in the JSON (packs: the engine packs this model's weights)."""
     table = {
         "hf_static": hf_static,
         "hf_continuous": hf_continuous,
@@ -216,6 +222,8 @@ def systems(cuda: bool) -> dict[str, Callable]:
     }
     if cuda:
         table["kvcourse_triton"] = kvcourse_engine("triton")
+    if packs:
+        table["kvcourse_model_weights"] = kvcourse_engine("fast", pack_weights=False)
     return table
 
 
@@ -295,6 +303,7 @@ def run(
         return run_reference("throughput", arguments)
     import torch
 
+    from kvcourse.backends.packed import can_pack
     from kvcourse.models import load_gpt2
 
     cuda = torch.cuda.is_available()
@@ -304,7 +313,7 @@ def run(
     with pinned_threads(threads, quick, cuda):
         model = load_gpt2(s.model, seed=seed, verbose=False).to("cuda" if cuda else "cpu")
         work = make_workload(s, seed, model.config.vocab_size)
-        fns = systems(cuda)
+        fns = systems(cuda, packs=can_pack(model))
         if sweep:
             fns.update({f"kvcourse_block_{b}": kvcourse_engine("fast", b) for b in s.sweep if b != s.block_size})
         seconds, outputs, breakdowns = measure(fns, model, work, s, cuda)
@@ -330,7 +339,7 @@ def summarize(
 ) -> dict:
     """The JSON object: tokens per second, ratios to hf_static, the block-size sweep, step breakdowns, sanity counts."""
     tps = {name: work.useful_tokens / sec for name, sec in seconds.items()}
-    main_names = list(systems(cuda))
+    main_names = [name for name in systems(cuda, packs=True) if name in seconds]
     sizes = sorted({*s.sweep, s.block_size}) if sweep else []
     sweep_tps = {str(b): tps["kvcourse" if b == s.block_size else f"kvcourse_block_{b}"] for b in sizes}
     return {
@@ -358,7 +367,14 @@ def summarize(
 
 def ordered(names) -> list[str]:
     """Systems in the story's order (JSON files come back with their keys sorted)."""
-    order = ["hf_static", "hf_continuous", "kvcourse", "kvcourse_ref_attention", "kvcourse_triton"]
+    order = [
+        "hf_static",
+        "hf_continuous",
+        "kvcourse",
+        "kvcourse_ref_attention",
+        "kvcourse_model_weights",
+        "kvcourse_triton",
+    ]
     return [n for n in order if n in names] + sorted(n for n in names if n not in order)
 
 
