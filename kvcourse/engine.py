@@ -7,7 +7,9 @@ Each step (vLLM v1's EngineCore.step, in miniature):
 
 `EngineCore` is that loop over any scheduler and any executor, and every step yields the same
 `StepRecord`: notebooks 01-04 drive it with the toy model (`kvcourse.toy.run`), and `LLMEngine` with
-GPT-2's `ModelRunner`.
+GPT-2's `ModelRunner`. The three calls themselves are the learner's `engine_step` (kvcourse/step.py,
+Exercise 1.1); `EngineCore.step` keeps the books around it and gives it `phase`, `begin_batch` and
+`before_execute`.
 
 A fault never poisons the engine. If scheduling, the executor or the update raises (a bug in an
 exercise, a device error, Ctrl-C), the requests the step touched end as FAILED with a reason, every
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 Prompt = str | Sequence[int]
 PROGRESS_MIN_TOKENS = 256  # show a progress bar by default when a run generates at least this many tokens
 PHASES = ("schedule", "execute", "update")  # the parts of a step that are timed (EngineStats.step_seconds)
+# How a fault report names each phase (EngineCore.phase).
+PHASE_LABELS = {"schedule": "scheduling", "execute": "the executor (the model)", "update": "update_from_output"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,12 +192,17 @@ class EngineCore:
         """before_execute runs right before each batch (the GPT-2 engine applies copy-on-write copies there)."""
         self.scheduler = scheduler
         self.executor = executor
-        self.before_execute = before_execute
+        self._before_execute_hook = before_execute
         self.on_schedule: Callable[[StepRecord], None] | None = None  # sees each step's plan before it runs
         self.last_batch: list = []  # the latest step's scheduled sequences
         self.iteration = 0
         self.num_failed = 0  # requests ended by a fault, over the core's life
         self.trace = self.new_trace()
+        # This step's books, kept for engine_step's helpers: seconds per phase, preemptions so far, the plan.
+        self._seconds: dict[str, float] = {}
+        self._preemptions_before: dict[int, int] = {}
+        self._plan: StepRecord | None = None
+        self._handled: BaseException | None = None  # the fault a phase already cleaned up after
 
     def new_trace(self) -> Trace:
         """An empty trace that knows the cache's size (for plots)."""
@@ -208,29 +217,43 @@ class EngineCore:
             self.trace.requests.setdefault(request.id, request)
 
     def step(self) -> StepRecord:
-        """Schedule, execute and update once; raises Deadlock when nothing can be scheduled."""
+        """Schedule, execute and update once (engine_step, Exercise 1.1); raises Deadlock when nothing can be scheduled."""
+        from kvcourse.step import engine_step  # imported here: kvcourse/step.py imports this module
+
         self.iteration += 1
-        scheduler, seconds = self.scheduler, {}
-        preemptions_before = {r.id: r.num_preemptions for r in self._unfinished()}
-        with self._timed("schedule", seconds), self._fail_on_error("scheduling", self._touched_by_planning):
-            batch = self.last_batch = scheduler.schedule_next_batch()
-            self._check_batch(batch)
-        if not batch:
-            raise Deadlock(describe_stall(scheduler, self.iteration))
-        record = self._record(batch, preemptions_before, seconds)
-        in_batch = [scheduler.active_pool[seq.request_id] for seq in batch]
-        with self._timed("execute", seconds), self._fail_on_error("the executor (the model)", lambda: in_batch):
-            if self.on_schedule is not None:
-                self.on_schedule(record)
-            if self.before_execute is not None:
-                self.before_execute()
-            sampled = self.executor.execute(batch, self._block_tables(in_batch))
-        with self._timed("update", seconds), self._fail_on_error("update_from_output", lambda: in_batch):
-            finished = scheduler.update_from_output(batch, sampled)
-        record.finished = [r.id for r in finished]
-        manager = scheduler.kv_cache_manager
-        record.num_free_blocks = manager.get_num_free_blocks() if manager is not None else None
+        self._seconds, self._plan, self._handled = {}, None, None
+        self._preemptions_before = {r.id: r.num_preemptions for r in self._unfinished()}
+        with self._fail_unless_handled():
+            finished = engine_step(self)
+            record = self._finish_record(finished)
         return record
+
+    # ---- what engine_step (Exercise 1.1) is given ----
+    @contextlib.contextmanager
+    def phase(self, name: str, requests: Iterable[Request] | None = None) -> Iterator[None]:
+        """Time one phase of the step; if it raises, fail `requests` (for "schedule": whom planning touched)."""
+        if name not in PHASE_LABELS:
+            raise ValueError(f"unknown phase {name!r}: the phases are {', '.join(PHASE_LABELS)}.")
+        if requests is None and name != "schedule":
+            raise ValueError(f"phase {name!r} needs the batch's requests (core.begin_batch(batch) returns them).")
+        affected = self._touched_by_planning if requests is None else (lambda: list(requests))
+        with self._timed(name, self._seconds), self._fail_on_error(PHASE_LABELS[name], affected):
+            yield
+
+    def begin_batch(self, batch: list) -> list[Request]:
+        """Check the scheduler's contract on a planned batch, record the plan; the batch's requests, in order."""
+        with self._fail_on_error("scheduling", self._touched_by_planning):
+            self._check_batch(batch)
+        self.last_batch = batch
+        self._plan = self._record(batch, self._preemptions_before, self._seconds)
+        return [self.scheduler.active_pool[seq.request_id] for seq in batch]
+
+    def before_execute(self) -> None:
+        """Between planning and the model: the live views see the plan, pending block copies are applied."""
+        if self.on_schedule is not None and self._plan is not None:
+            self.on_schedule(self._plan)
+        if self._before_execute_hook is not None:
+            self._before_execute_hook()
 
     def fail_requests(self, requests: Sequence[Request], reason: str) -> list[Request]:
         """End requests after a fault: FAILED, blocks back, and no later prefix hit reads a block never written."""
@@ -248,6 +271,37 @@ class EngineCore:
             return self._end_requests_here(requests, status, reason)
 
     # ---- helpers ----
+    def _finish_record(self, finished: object) -> StepRecord:
+        """Complete this step's record once engine_step returned (with a clear error when it broke its contract)."""
+        if self._plan is None:
+            raise BatchContractError(
+                "engine_step returned without calling core.begin_batch(batch): the step's plan was never checked "
+                "or recorded. Call it on the planned batch before running it (Exercise 1.1)."
+            )
+        if not isinstance(finished, list) or not all(isinstance(r, Request) for r in finished):
+            raise TypeError(
+                f"engine_step returned {finished!r}; it must return the list of requests the scheduler's "
+                "update_from_output returned (those finished this step), as Exercise 1.1 says."
+            )
+        record = self._plan
+        record.finished = [r.id for r in finished]
+        manager = self.scheduler.kv_cache_manager
+        record.num_free_blocks = manager.get_num_free_blocks() if manager is not None else None
+        return record
+
+    @contextlib.contextmanager
+    def _fail_unless_handled(self) -> Iterator[None]:
+        """A fault outside every phase (a slip in engine_step) still fails whom the step touched, once."""
+        try:
+            yield
+        except Deadlock:
+            raise  # nothing was planned: the requests are as they were
+        except BaseException as error:
+            if error is self._handled:
+                raise
+            with self._fail_on_error("engine_step (Exercise 1.1), outside its phases", self._touched_by_planning):
+                raise
+
     def _end_requests_here(self, requests: Sequence[Request], status: RequestStatus, reason: str) -> list[Request]:
         """The engine's own clean-up: out of the running set and the queue, blocks back, settled with a reason."""
         scheduler, ended = self.scheduler, []
@@ -327,6 +381,8 @@ class EngineCore:
         """If the phase raises, end the requests it touched as FAILED (blocks back), then re-raise with their ids."""
         try:
             yield
+        except Deadlock:
+            raise  # a stall changed nothing: nobody to fail
         except BaseException as error:  # Ctrl-C mid-step leaves the same half-done state
             victims = [r for r in affected() if not r.status.is_finished()]
             reason = f"step {self.iteration} failed in {phase}: {type(error).__name__}: {error}"
@@ -338,6 +394,7 @@ class EngineCore:
             error.add_note(
                 f"kvcourse: step {self.iteration} failed in {phase}; requests {[r.id for r in victims]} {outcome}."
             )
+            self._handled = error
             raise
 
 
@@ -390,6 +447,7 @@ class LLMEngine:
         enable_prefix_caching: bool = False,
         attention: str = "fast",  # the fastest backend; "reference" runs the learner's exercises 5.2-5.3
         tokenizer=None,
+        pack_weights: bool | None = None,  # None: oneDNN-packed linear layers where they pay (CPU, float32)
     ) -> None:
         # Imported here, not at the top: the toy world uses EngineCore without torch or transformers.
         from kvcourse.kv_cache import KVCacheManager
@@ -400,7 +458,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.kv_cache_manager: KVCacheManager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = StallFreeScheduler(token_budget, max_batch_size, self.kv_cache_manager)
-        self.runner = ModelRunner(model, num_blocks, block_size, attention)
+        self.runner = ModelRunner(model, num_blocks, block_size, attention, pack_weights=pack_weights)
         self.core = EngineCore(self.scheduler, self.runner, before_execute=self._apply_block_copies)
         self.max_positions = int(model.config.n_positions)
         self.vocab_size = int(model.config.vocab_size)

@@ -16,10 +16,13 @@
 # requests it admits fit in GPU memory. This notebook makes that blind spot visible:
 #
 # 1. a deterministic **toy model** stands in for GPT-2, so that runs are instant and reproducible;
-# 2. the memory-blind scheduler serves a small workload, drawn as an **iteration timeline**;
-# 3. a **memory meter** shows the KV cache its plan needs climbing past what the GPU can hold.
+# 2. you write **the engine's step**, the loop every serving engine runs (Exercise 1.1, about 15 minutes);
+# 3. the memory-blind scheduler serves a small workload through your step, drawn as an **iteration timeline**;
+# 4. a **memory meter** shows the KV cache its plan needs climbing past what the GPU can hold.
 #
-# There is no code to write here: read, run, and change the numbers. Twice you are asked to **predict**
+# Exercise 1.1 states a **contract** (what must be true when your code returns), not the statements to
+# write; run `check("1.1")` after it. Stuck? `hint("1.1")` nudges, `hint("1.1", level=2)` gives the
+# approach in words, and `solution("1.1")` shows the reference. Twice you are asked to **predict**
 # before the cell that shows the answer: `answer("1.a", None)` says what is asked; replace `None` with
 # your guess and run it (it is graded on the scoreboard, beside the exercises). Notebook 02 fixes the
 # blind spot.
@@ -56,7 +59,7 @@ import inspect
 
 import matplotlib.pyplot as plt
 
-from kvcourse import answer, toy, viz
+from kvcourse import answer, check, hint, solution, toy, viz  # noqa: F401  (hint, solution: for you)
 from kvcourse.viz import diagrams
 
 # %% [markdown]
@@ -106,7 +109,44 @@ print(inspect.getsource(toy.BlindStallFreeScheduler.schedule_next_batch))
 diagrams.iteration_batch()
 
 # %% [markdown]
-# ## 3. A workload, and its timeline
+# ## 3. The loop every engine runs
+#
+# A scheduler only plans. Something has to turn plans into tokens, iteration after iteration: the
+# engine's **step**. vLLM's `EngineCore.step` and nano-vllm's `LLMEngine.step` are the same three calls:
+#
+# 1. **schedule**: the scheduler plans this iteration's batch (and, from notebook 02 on, secures the
+#    KV-cache blocks for it);
+# 2. **execute**: the executor (the model) runs the batch and samples one token for each sequence that
+#    asks for one;
+# 3. **update**: the scheduler takes those tokens in, and says which requests just finished.
+#
+# Everything else is bookkeeping, and the course's `EngineCore` (`kvcourse/engine.py`) does it for you:
+# it records each step (the timelines below are drawn from those records), times each phase, and if a
+# phase fails it fails only the requests that phase touched, gives their memory back and keeps the
+# engine alive. The same step drives the toy world here, the GPT-2 engine of notebook 05 and the server
+# of notebook 08.
+
+# %%
+diagrams.engine_step_loop()
+
+# %% [markdown]
+# ### Exercise 1.1: the engine's step
+#
+# Write `engine_step(core)` in `kvcourse/step.py`. Its comment is the contract: one plan, that batch
+# run, exactly its tokens handed back, and the update's answer (the finished requests) returned; each
+# call inside its own `core.phase(...)`; an empty plan is a `Deadlock`, not an endless loop. Two details
+# decide whether a
+# real engine works. The executor needs each request's **block table** (which KV blocks hold its
+# tokens): when does a decode that just crossed a block boundary get its new block? And notebook 04's
+# copy-on-write copies (`core.before_execute()`) must land after planning and before the model reads
+# the cache. The memory-blind scheduler of this notebook has no KV-cache manager yet
+# (`scheduler.kv_cache_manager is None`): then there are no block tables to give.
+
+# %%
+check("1.1")
+
+# %% [markdown]
+# ## 4. A workload, and its timeline
 #
 # Eight requests with prompts of 40 to 200 tokens want 24 to 80 new tokens each. The scheduler may feed
 # 128 tokens per iteration and run 6 requests at a time.
@@ -152,7 +192,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 4. The blind spot: the plan needs more memory than there is
+# ## 5. The blind spot: the plan needs more memory than there is
 #
 # Every token a running request has processed keeps its keys and values in the KV cache until the
 # request finishes. For GPT-2 small in fp16 that is 36,864 bytes per token (notebook 00). Suppose our

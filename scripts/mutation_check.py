@@ -55,6 +55,13 @@ MUTANTS = [
            "-(-memory_bytes // (seq_len * bytes_per_token))"),
     Mutant("0.2", "rounds to the nearest sequence", "memory_bytes // (seq_len * bytes_per_token)",
            "round(memory_bytes / (seq_len * bytes_per_token))"),
+    # ---- 1.1 the engine's step (solutions/step.py) ----
+    Mutant("1.1", "gives the executor no block tables", "block_tables = None if manager is None else {", "block_tables = None and {"),
+    Mutant("1.1", "skips the pending block copies", "        core.before_execute()\n", ""),
+    Mutant("1.1", "lets an empty plan through (loops forever on a stall)",
+           "    if not batch:\n        raise Deadlock(describe_stall(scheduler, core.iteration))\n", ""),
+    Mutant("1.1", "a fault while executing fails nobody", 'core.phase("execute", requests)', 'core.phase("execute", [])'),
+    Mutant("1.1", "drops the finished requests", "        return scheduler.update_from_output(", "        scheduler.update_from_output("),
     # ---- 2.x the scheduler (patterns follow solutions/scheduler.py's regions) ----
     Mutant("2.1", "schedules a decode that got no room", "        if not self._allocate_or_preempt(request, 1):\n            return None\n", ""),
     Mutant("2.1", "every chunk samples a token", "samples_token=request.num_computed_tokens == request.num_tokens,",

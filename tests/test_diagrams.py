@@ -11,6 +11,7 @@ from kvcourse.viz import diagrams
 
 CALLS = {
     "iteration_batch": (),
+    "engine_step_loop": (),
     "scheduler_cache_executor": (),
     "block_table": ([7, 1, 4], 10, 4, 10),
     "fragmentation": ({"A": 9, "C": 5, "D": 18}, 4),

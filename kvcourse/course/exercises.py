@@ -57,6 +57,14 @@ _EXERCISES = [
         approach="Work out the bytes one whole sequence needs (tokens times bytes per token), then how many of those fit with integer division.",
     ),
     Exercise(
+        id="1.1",
+        title="The engine's step",
+        module="step",
+        minutes=15,
+        hint="Three calls, each in its own phase; the bookkeeping between them is the core's. Ask, for each piece of state the executor needs, whether it exists yet: which call creates a decode's new block? And for each phase: if it fails, whose state is half done?",
+        approach="Plan inside core.phase('schedule'). If the batch is empty, raise Deadlock(describe_stall(scheduler, core.iteration)). Pass the batch to core.begin_batch to get its requests. Build the block tables from scheduler.kv_cache_manager now (None without a manager): one entry per batch request, get_block_ids. Inside core.phase('execute', requests): core.before_execute(), then the executor's execute(batch, tables). Inside core.phase('update', requests): return the scheduler's update_from_output(batch, sampled).",
+    ),
+    Exercise(
         id="2.1",
         title="Describe a chunk; allocate each decode",
         module="scheduler",

@@ -137,6 +137,51 @@ def scheduler_cache_executor() -> None:
     plt.show()
 
 
+def engine_step_loop() -> None:
+    """The engine's step (Exercise 1.1): three phases, each guarded, between the scheduler and the executor."""
+    fig, ax = plt.subplots(figsize=(11, 2.9))
+    phases = [
+        (
+            "1 schedule",
+            ["scheduler.schedule_next_batch()", "-> batch (may allocate blocks)", "empty: Deadlock"],
+            "#fde2c8",
+        ),
+        (
+            "2 execute",
+            ["block tables, read now", "before_execute(): block copies", "executor.execute(batch, tables)"],
+            "#d5efd5",
+        ),
+        ("3 update", ["scheduler.update_from_output(", "    batch, sampled)", "-> the finished requests"], "#cfe3f7"),
+    ]
+    for i, (title, lines, color) in enumerate(phases):
+        _role_box(ax, 4.3 * i, 0.4, 3.3, 1.7, title, lines, color)
+    _labelled_arrow(ax, (3.35, 1.25), (4.25, 1.25), "batch")
+    _labelled_arrow(ax, (7.65, 1.25), (8.55, 1.25), "sampled")
+    ax.add_patch(
+        FancyArrowPatch(
+            (10.2, 0.35),
+            (1.6, 0.35),
+            connectionstyle="arc3,rad=-0.15",
+            arrowstyle="-|>",
+            mutation_scale=14,
+            color="tab:gray",
+        )
+    )
+    ax.text(5.9, -0.55, "next iteration (core.iteration + 1)", ha="center", fontsize=8.5, color="dimgray")
+    ax.text(
+        5.9,
+        2.55,
+        "each phase inside core.phase(...): timed, and a fault fails only the requests it touched",
+        ha="center",
+        fontsize=8.5,
+        color="dimgray",
+    )
+    ax.set_xlim(-0.2, 12.2)
+    ax.set_ylim(-0.8, 2.8)
+    ax.axis("off")
+    plt.show()
+
+
 def block_table(table: Sequence[int], num_tokens: int, block_size: int, pool: int) -> None:
     """One request's tokens, grouped into logical blocks, mapped by its block table onto physical blocks."""
     table = list(table)
