@@ -24,7 +24,7 @@ if not solutions_enabled():
     )
 
 from kvcourse import toy
-from kvcourse.engine import BatchContractError, Deadlock, LLMEngine, hf_greedy
+from kvcourse.engine import BatchContractError, Deadlock, EngineCore, LLMEngine, hf_greedy
 from kvcourse.kv_cache import KVCacheManager
 from kvcourse.models import load_gpt2
 from kvcourse.request import Request, RequestStatus
@@ -276,3 +276,88 @@ def test_toy_run_fault_leaves_a_consistent_scheduler(seed, at_step, phase):
     toy.run(scheduler, executor)
     assert [r.output_tokens for r in second] == [toy.toy_generate(p, 8) for p in prompts]
     assert manager.get_num_free_blocks() == manager.num_blocks
+
+
+# ----------------------------------------------------------------------------- the wrapper around engine_step
+def _toy_engine() -> tuple[StallFreeScheduler, list[Request]]:
+    """A paged toy scheduler with three queued requests."""
+    scheduler = StallFreeScheduler(16, 4, KVCacheManager(num_blocks=32, block_size=4))
+    requests = toy.toy_requests([6, 9, 5], max_new_tokens=[3, 3, 3], seed=2)
+    for request in requests:
+        scheduler.add_request(request)
+    return scheduler, requests
+
+
+def test_a_slip_in_engine_step_outside_its_phases_still_fails_what_it_planned(monkeypatch):
+    import kvcourse.step
+
+    def slipping(core):
+        with core.phase("schedule"):
+            batch = core.scheduler.schedule_next_batch()
+        core.begin_batch(batch)
+        raise InjectedFault("a typo between the phases")
+
+    monkeypatch.setattr(kvcourse.step, "engine_step", slipping)
+    scheduler, requests = _toy_engine()
+    with pytest.raises(InjectedFault) as error:
+        toy.run(scheduler)
+    assert all(r.status is RequestStatus.FAILED for r in requests), "planned requests cannot be left half done"
+    assert scheduler.kv_cache_manager.get_num_free_blocks() == 32
+    assert any("outside its phases" in note for note in error.value.__notes__)
+
+
+def test_an_unwritten_step_raises_its_own_error_without_a_fault_note(monkeypatch):
+    import kvcourse.step
+
+    def unwritten(core):
+        raise NotImplementedError("Exercise 1.1 (The engine's step): not written yet")
+
+    monkeypatch.setattr(kvcourse.step, "engine_step", unwritten)
+    scheduler, requests = _toy_engine()
+    with pytest.raises(NotImplementedError) as error:
+        toy.run(scheduler)
+    assert not getattr(error.value, "__notes__", None), "nothing ran: there is nothing to report but the stub"
+    assert all(r.status is RequestStatus.WAITING for r in requests)
+
+
+@pytest.mark.parametrize(
+    ("broken", "error", "words"),
+    [
+        ("skips begin_batch", BatchContractError, "begin_batch"),
+        ("returns nothing", TypeError, "must return the list of requests"),
+    ],
+)
+def test_a_step_that_breaks_its_contract_is_told_what_it_broke(monkeypatch, broken, error, words):
+    import kvcourse.step
+
+    def step(core):
+        with core.phase("schedule"):
+            batch = core.scheduler.schedule_next_batch()
+        requests = [core.scheduler.active_pool[s.request_id] for s in batch]
+        if broken != "skips begin_batch":
+            requests = core.begin_batch(batch)
+        manager = core.scheduler.kv_cache_manager
+        with core.phase("execute", requests):
+            sampled = core.executor.execute(batch, {r.id: manager.get_block_ids(r) for r in requests})
+        with core.phase("update", requests):
+            finished = core.scheduler.update_from_output(batch, sampled)
+        return None if broken == "returns nothing" else finished
+
+    monkeypatch.setattr(kvcourse.step, "engine_step", step)
+    scheduler, requests = _toy_engine()
+    with pytest.raises(error, match=words):
+        toy.run(scheduler)
+    assert (
+        scheduler.kv_cache_manager.get_num_free_blocks()
+        + sum(len(scheduler.kv_cache_manager.get_block_ids(r)) for r in requests if not r.status.is_finished())
+        == 32
+    ), "no block is lost"
+
+
+def test_phase_names_and_their_requests_are_checked():
+    scheduler, _ = _toy_engine()
+    core = EngineCore(scheduler, toy.ToyExecutor(block_size=4))
+    with pytest.raises(ValueError, match="unknown phase 'plan'"), core.phase("plan"):
+        pass
+    with pytest.raises(ValueError, match="needs the batch's requests"), core.phase("execute"):
+        pass
