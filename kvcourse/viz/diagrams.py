@@ -61,6 +61,15 @@ def _labelled_arrow(ax, start: tuple[float, float], end: tuple[float, float], la
     ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + dy, label, ha="center", fontsize=8.5)
 
 
+def _curved_arrow(ax, start: tuple[float, float], end: tuple[float, float], rad: float) -> None:
+    """A grey curved arrow from start to end (rad: how much it bends, and to which side)."""
+    ax.add_patch(
+        FancyArrowPatch(
+            start, end, connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=14, color="tab:gray"
+        )
+    )
+
+
 def scheduler_cache_executor() -> None:
     """The three parties of a step: the scheduler (policy), the KV-cache manager (mechanism), the executor."""
     fig, ax = plt.subplots(figsize=(11, 3.8))
@@ -102,27 +111,9 @@ def scheduler_cache_executor() -> None:
     _labelled_arrow(ax, (2.85, 1.9), (4.95, 1.9), "allocate_slots(req, n)\nfree(req)")
     _labelled_arrow(ax, (4.95, 1.1), (2.85, 1.1), "KVCacheBlocks or None", dy=-0.3)
     _labelled_arrow(ax, (7.85, 1.5), (9.95, 1.5), "block tables")
-    ax.add_patch(
-        FancyArrowPatch(
-            (1.4, 0.45),
-            (11.3, 0.45),
-            connectionstyle="arc3,rad=0.2",
-            arrowstyle="-|>",
-            mutation_scale=14,
-            color="tab:gray",
-        )
-    )
+    _curved_arrow(ax, (1.4, 0.45), (11.3, 0.45), 0.2)
     ax.text(6.35, -0.62, "batch of ScheduledSequence (tokens, positions)", ha="center", fontsize=8.5, color="dimgray")
-    ax.add_patch(
-        FancyArrowPatch(
-            (11.3, 2.45),
-            (1.4, 2.45),
-            connectionstyle="arc3,rad=0.2",
-            arrowstyle="-|>",
-            mutation_scale=14,
-            color="tab:gray",
-        )
-    )
+    _curved_arrow(ax, (11.3, 2.45), (1.4, 2.45), 0.2)
     ax.text(
         6.35,
         3.45,
@@ -157,16 +148,7 @@ def engine_step_loop() -> None:
         _role_box(ax, 4.3 * i, 0.4, 3.3, 1.7, title, lines, color)
     _labelled_arrow(ax, (3.35, 1.25), (4.25, 1.25), "batch")
     _labelled_arrow(ax, (7.65, 1.25), (8.55, 1.25), "sampled")
-    ax.add_patch(
-        FancyArrowPatch(
-            (10.2, 0.35),
-            (1.6, 0.35),
-            connectionstyle="arc3,rad=-0.15",
-            arrowstyle="-|>",
-            mutation_scale=14,
-            color="tab:gray",
-        )
-    )
+    _curved_arrow(ax, (10.2, 0.35), (1.6, 0.35), -0.15)
     ax.text(5.9, -0.55, "next iteration (core.iteration + 1)", ha="center", fontsize=8.5, color="dimgray")
     ax.text(
         5.9,
