@@ -236,7 +236,14 @@ class EngineCore:
             raise ValueError(f"unknown phase {name!r}: the phases are {', '.join(PHASE_LABELS)}.")
         if requests is None and name != "schedule":
             raise ValueError(f"phase {name!r} needs the batch's requests (core.begin_batch(batch) returns them).")
-        affected = self._touched_by_planning if requests is None else (lambda: list(requests))
+        if requests is not None:
+            requests = list(requests)
+            if not all(isinstance(r, Request) for r in requests):
+                raise TypeError(
+                    f"core.phase({name!r}, requests) takes the batch's Request objects (what core.begin_batch(batch) "
+                    f"returns), not {type(next(r for r in requests if not isinstance(r, Request))).__name__} entries."
+                )
+        affected = self._touched_by_planning if requests is None else (lambda: requests)
         with self._timed(name, self._seconds), self._fail_on_error(PHASE_LABELS[name], affected):
             yield
 
@@ -360,13 +367,6 @@ class EngineCore:
             finished=[],
             seconds=seconds,
         )
-
-    def _block_tables(self, requests: list[Request]) -> dict[int, list[int]] | None:
-        """Each request's block table, as a paged executor needs them (None without a KV manager)."""
-        manager = self.scheduler.kv_cache_manager
-        if manager is None:
-            return None
-        return {r.id: manager.get_block_ids(r) for r in requests}
 
     @contextlib.contextmanager
     def _timed(self, phase: str, seconds: dict[str, float]) -> Iterator[None]:

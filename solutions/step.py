@@ -30,13 +30,15 @@ if TYPE_CHECKING:
 def engine_step(core: EngineCore) -> list[Request]:
     """One iteration, schedule -> execute -> update; returns the requests that finished in it."""
     # Exercise 1.1: the engine's step.
-    #   When it returns, the scheduler has planned exactly one batch, the executor has run that batch,
-    #   and the scheduler has been given exactly the tokens the executor sampled for it; the return
-    #   value is what the scheduler's update returned (the requests finished this step).
+    #   When it returns, the scheduler has planned exactly one batch (`core.scheduler.schedule_next_batch()`),
+    #   the executor has run that batch (`core.executor.execute(batch, block_tables)` returns the sampled
+    #   tokens), and the scheduler has been given exactly those tokens for it
+    #   (`core.scheduler.update_from_output(batch, sampled)`); the return value is what that update
+    #   returned (the requests finished this step).
     #   Contract, in the order the engine needs it:
     #   * each of the three calls runs inside its own `core.phase(...)`, and a fault while executing or
     #     updating costs only the batch's requests;
-    #   * `core.begin_batch(batch)` sees every batch before anything runs;
+    #   * `core.begin_batch(batch)` sees every batch that will run, before anything runs;
     #   * an empty batch means no request can make progress: raise Deadlock with describe_stall's
     #     explanation instead of looping forever;
     #   * the executor receives, with the batch, each batch request's block table (request id -> its

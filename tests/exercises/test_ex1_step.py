@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from kvcourse.engine import Deadlock, EngineCore
+from kvcourse.engine import BatchContractError, Deadlock, EngineCore, describe_stall
 from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
 from kvcourse.toy import BlindStallFreeScheduler, ToyExecutor, run, toy_generate, toy_requests
 
 pytestmark = pytest.mark.ex1_1
+
+
+class ModelCrash(Exception):
+    """What a test's broken model raises (not a RuntimeError, so it is never confused with a stub's)."""
 
 
 class PagedBlind(BlindStallFreeScheduler):
@@ -117,7 +121,9 @@ def test_each_step_plans_once_runs_that_batch_and_hands_back_its_tokens():
     for step in range(1, 6):
         recording.events.clear()
         core.step()
-        assert recording.names() == ["schedule", "execute", "update"], f"step {step}: one plan, one run, one update"
+        assert recording.names() == ["schedule", "execute", "update"], (
+            f"step {step}: expected one plan, one run, one update in that order; the step made {recording.names()}"
+        )
         (_, planned), (_, ran, _, sampled), (_, updated, given, _) = recording.events
         assert ran is planned, "the executor must run the batch the scheduler planned"
         assert updated is planned, "update_from_output must get the batch that ran"
@@ -141,9 +147,11 @@ def test_the_step_returns_what_the_update_finished():
 def test_each_phase_is_timed_in_the_record():
     scheduler, _ = blind()
     record = EngineCore(scheduler, ToyExecutor()).step()
-    assert set(record.seconds) == {"schedule", "execute", "update"}
+    assert set(record.seconds) == {"schedule", "execute", "update"}, (
+        f"each of the three calls should run inside its own core.phase(...); phases timed: {sorted(record.seconds)}"
+    )
     assert all(seconds >= 0 for seconds in record.seconds.values())
-    assert record.scheduled, "the step's plan must be recorded (begin_batch)"
+    assert record.scheduled, "the step's plan must be recorded (core.begin_batch)"
 
 
 def test_an_empty_plan_raises_deadlock_and_runs_nothing():
@@ -153,8 +161,11 @@ def test_an_empty_plan_raises_deadlock_and_runs_nothing():
 
     scheduler, _ = blind(scheduler=Stuck(16, 3))
     recording = Recording(scheduler, ToyExecutor())
-    with pytest.raises(Deadlock, match="nothing"):
+    with pytest.raises(Deadlock) as stall:
         EngineCore(scheduler, recording.executor).step()
+    assert str(stall.value) == describe_stall(scheduler, 1), (
+        "the Deadlock should carry describe_stall(scheduler, core.iteration)'s explanation, so the reader learns why"
+    )
     assert recording.names() == ["schedule"], "nothing may run or update after an empty plan"
 
 
@@ -181,7 +192,26 @@ def test_before_execute_runs_after_planning_and_before_the_executor():
     for _ in range(3):
         recording.events.clear()
         core.step()
-        assert recording.names() == ["schedule", "copies", "execute", "update"]
+        assert recording.names() == ["schedule", "copies", "execute", "update"], (
+            "core.before_execute() must run once per step, after planning and before the executor; the step made "
+            f"{recording.names()} ('copies' is before_execute)"
+        )
+
+
+def test_before_execute_belongs_to_the_execute_phase():
+    def broken_copies():
+        raise ModelCrash("a block copy failed")
+
+    scheduler, requests = blind()
+    core = EngineCore(scheduler, ToyExecutor(), before_execute=broken_copies)
+    with pytest.raises(ModelCrash) as error:
+        core.step()
+    notes = " ".join(getattr(error.value, "__notes__", []))
+    assert "the executor" in notes, (
+        "a fault in core.before_execute() should be reported as part of the execute phase (call it inside "
+        f"core.phase('execute', requests)); the report said: {notes!r}"
+    )
+    assert any(r.status is RequestStatus.FAILED for r in requests), "the batch's requests fail with the step"
 
 
 def test_a_fault_in_the_executor_fails_only_the_batch():
@@ -190,11 +220,11 @@ def test_a_fault_in_the_executor_fails_only_the_batch():
 
         def execute(self, batch, block_tables=None):
             self.ran = [s.request_id for s in batch]
-            raise RuntimeError("the model crashed")
+            raise ModelCrash("the model crashed")
 
     scheduler, requests = blind((6, 6, 6), (3, 3, 3), scheduler=PagedBlind(token_budget=8, max_batch_size=2))
     executor = Broken(block_size=4)
-    with pytest.raises(RuntimeError, match="the model crashed") as error:
+    with pytest.raises(ModelCrash, match="the model crashed") as error:
         EngineCore(scheduler, executor).step()
     in_batch = [r for r in requests if r.id in executor.ran]
     outside = [r for r in requests if r.id not in executor.ran]
@@ -220,7 +250,8 @@ def test_a_fault_in_the_update_fails_the_batch_and_the_engine_goes_on():
     with pytest.raises(ValueError, match="bad update"):
         core.step()
     failed = [r for r in requests if r.status is RequestStatus.FAILED]
-    assert failed and len(failed) < len(requests)
+    assert failed, "a fault in the update should fail the batch's requests (run it inside core.phase('update', ...))"
+    assert len(failed) < len(requests), "a fault in the update should fail only the batch's requests"
     while scheduler.has_unfinished_requests():
         core.step()
     for request in requests:
@@ -239,7 +270,7 @@ def test_a_batch_with_a_request_that_is_not_running_is_refused_before_it_runs():
 
     scheduler, _ = blind(scheduler=Stale(16, 3))
     recording = Recording(scheduler, ToyExecutor())
-    with pytest.raises(Exception, match="not running"):
+    with pytest.raises(BatchContractError, match="not running"):
         EngineCore(scheduler, recording.executor).step()
     assert recording.names() == ["schedule"]
 
