@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from kvcourse.backends.fast import FastAttentionMetadata
-from kvcourse.backends.packed import can_pack, packed_weights
+from kvcourse.backends.packed import can_pack, packed_weights, why_not_packable
 from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS, AttentionTimer, PagedKVCache
 
 
@@ -176,6 +176,8 @@ class ModelRunner:
         # None: pack when it pays (CPU, float32); the packed copy costs the weights' size in memory once more.
         if pack_weights is None:
             pack_weights = can_pack(model)
+        elif pack_weights and (reason := why_not_packable(model)):
+            raise ValueError(f"pack_weights=True, but {reason}: leave pack_weights=None to pack only where it pays.")
         self.packed_weights = packed_weights(model) if pack_weights else None
 
     @contextlib.contextmanager

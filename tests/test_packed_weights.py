@@ -117,3 +117,5 @@ def test_packing_is_off_where_it_does_not_pay(model, wide_model):
     half = random_gpt2(wide_model.config, seed=3).to(torch.bfloat16)
     assert not can_pack(half)
     assert LLMEngine(half, num_blocks=8, block_size=4).runner.packed_weights is None
+    with pytest.raises(ValueError, match=r"pack_weights=True, but the model is in torch.bfloat16"):
+        LLMEngine(half, num_blocks=8, block_size=4, pack_weights=True)

@@ -24,16 +24,21 @@ from transformers.pytorch_utils import Conv1D
 MIN_PACKED_WIDTH = 512
 
 
+def why_not_packable(model: torch.nn.Module) -> str | None:
+    """What stops the model's weights from being packed for oneDNN (None when nothing does)."""
+    weight = next(model.parameters())
+    if weight.device.type != "cpu":
+        return f"the model is on {weight.device}; oneDNN packing is for CPU models"
+    if weight.dtype != torch.float32:
+        return f"the model is in {weight.dtype}; the packed layers are float32 only"
+    if not torch.backends.mkldnn.is_available():
+        return "this PyTorch was built without oneDNN (torch.backends.mkldnn.is_available() is False)"
+    return None
+
+
 def can_pack(model: torch.nn.Module) -> bool:
     """Packing pays on a CPU, in float32, with oneDNN, for models at least MIN_PACKED_WIDTH wide (GPT-2 small up)."""
-    weight = next(model.parameters())
-    width = model.get_input_embeddings().embedding_dim
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and width >= MIN_PACKED_WIDTH
-    )
+    return why_not_packable(model) is None and model.get_input_embeddings().embedding_dim >= MIN_PACKED_WIDTH
 
 
 class PackedLinear(torch.nn.Module):
