@@ -82,8 +82,8 @@ class PackedWeights:
         try:
             yield
         finally:
-            for layer in self.packed:
-                del layer.forward
+            for layer in self.packed:  # pop, not del: another engine on the same model may have restored it already
+                vars(layer).pop("forward", None)
 
 
 _PACKED: weakref.WeakKeyDictionary[torch.nn.Module, PackedWeights] = weakref.WeakKeyDictionary()
