@@ -459,7 +459,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.kv_cache_manager: KVCacheManager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = StallFreeScheduler(token_budget, max_batch_size, self.kv_cache_manager)
-        self.runner = ModelRunner(model, num_blocks, block_size, attention, pack_weights=pack_weights)
+        # Passed only when set: a learner's model_runner.py from before packing existed still works.
+        packing = {} if pack_weights is None else {"pack_weights": pack_weights}
+        self.runner = ModelRunner(model, num_blocks, block_size, attention, **packing)
         self.core = EngineCore(self.scheduler, self.runner, before_execute=self._apply_block_copies)
         self.max_positions = int(model.config.n_positions)
         self.vocab_size = int(model.config.vocab_size)
