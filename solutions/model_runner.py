@@ -173,7 +173,7 @@ class ModelRunner:
         self.timings = RunnerTimings()
         self._attention_timer = AttentionTimer()
         self.synchronize_timings = synchronize_timings
-        # None: pack when it pays (CPU, float32); the packed copy costs the weights' size in memory once more.
+        # None: pack where it pays (CPU, float32, GPT-2 small and wider); the packed copy costs the weights' size in memory once more.
         if pack_weights is None:
             pack_weights = can_pack(model)
         elif pack_weights and (reason := why_not_packable(model)):

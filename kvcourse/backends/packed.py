@@ -46,7 +46,7 @@ class PackedLinear(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
-        dense = torch.nn.Linear(1, 1, bias=getattr(module, "bias", None) is not None)
+        dense = torch.nn.Linear(1, 1, bias=module.bias is not None)
         weight = module.weight.detach()
         dense.weight = torch.nn.Parameter(weight.t() if isinstance(module, Conv1D) else weight, requires_grad=False)
         if dense.bias is not None:

@@ -181,7 +181,7 @@ def step_breakdown(engine, total_seconds: float) -> dict:
 def kvcourse_engine(
     attention: str = "fast", block_size: int | None = None, synchronize: bool = False, pack_weights: bool | None = None
 ) -> Callable:
-    """Our LLMEngine on the workload; a fresh engine per run (its weight packing timed too), from an empty cache.
+    """Our LLMEngine on the workload; a fresh engine per run, from an empty cache (weights packed once, in the warm-up).
 
     After each run, `run_engine.breakdown` holds that run's step_breakdown (synchronize: on a GPU,
     wait for the kernels at each timing point, which costs speed: for a dedicated breakdown run).
