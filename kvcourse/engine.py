@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 
 Prompt = str | Sequence[int]
 PROGRESS_MIN_TOKENS = 256  # show a progress bar by default when a run generates at least this many tokens
-PHASES = ("schedule", "execute", "update")  # the parts of a step that are timed (EngineStats.step_seconds)
-# How a fault report names each phase (EngineCore.phase).
+# The parts of a step, timed (EngineStats.step_seconds), and how a fault report names each (EngineCore.phase).
 PHASE_LABELS = {"schedule": "scheduling", "execute": "the executor (the model)", "update": "update_from_output"}
+PHASES = tuple(PHASE_LABELS)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -70,6 +70,19 @@ def _curved_arrow(ax, start: tuple[float, float], end: tuple[float, float], rad:
     )
 
 
+def _caption(ax, x: float, y: float, text: str) -> None:
+    """A small grey label centred at (x, y), for what travels along an arrow."""
+    ax.text(x, y, text, ha="center", fontsize=8.5, color="dimgray")
+
+
+def _show(ax, xlim: tuple[float, float], ylim: tuple[float, float]) -> None:
+    """Frame a box-and-arrow diagram, hide its axes, and show it."""
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axis("off")
+    plt.show()
+
+
 def scheduler_cache_executor() -> None:
     """The three parties of a step: the scheduler (policy), the KV-cache manager (mechanism), the executor."""
     fig, ax = plt.subplots(figsize=(11, 3.8))
@@ -112,20 +125,10 @@ def scheduler_cache_executor() -> None:
     _labelled_arrow(ax, (4.95, 1.1), (2.85, 1.1), "KVCacheBlocks or None", dy=-0.3)
     _labelled_arrow(ax, (7.85, 1.5), (9.95, 1.5), "block tables")
     _curved_arrow(ax, (1.4, 0.45), (11.3, 0.45), 0.2)
-    ax.text(6.35, -0.62, "batch of ScheduledSequence (tokens, positions)", ha="center", fontsize=8.5, color="dimgray")
+    _caption(ax, 6.35, -0.62, "batch of ScheduledSequence (tokens, positions)")
     _curved_arrow(ax, (11.3, 2.45), (1.4, 2.45), 0.2)
-    ax.text(
-        6.35,
-        3.45,
-        "sampled tokens -> update_from_output(batch, sampled_token_ids)",
-        ha="center",
-        fontsize=8.5,
-        color="dimgray",
-    )
-    ax.set_xlim(-0.2, 12.8)
-    ax.set_ylim(-0.8, 3.7)
-    ax.axis("off")
-    plt.show()
+    _caption(ax, 6.35, 3.45, "sampled tokens -> update_from_output(batch, sampled_token_ids)")
+    _show(ax, (-0.2, 12.8), (-0.8, 3.7))
 
 
 def engine_step_loop() -> None:
@@ -149,19 +152,9 @@ def engine_step_loop() -> None:
     _labelled_arrow(ax, (3.35, 1.25), (4.25, 1.25), "batch")
     _labelled_arrow(ax, (7.65, 1.25), (8.55, 1.25), "sampled")
     _curved_arrow(ax, (10.2, 0.35), (1.6, 0.35), -0.15)
-    ax.text(5.9, -0.55, "next iteration (core.iteration + 1)", ha="center", fontsize=8.5, color="dimgray")
-    ax.text(
-        5.9,
-        2.55,
-        "each phase inside core.phase(...): timed, and a fault fails only the requests it touched",
-        ha="center",
-        fontsize=8.5,
-        color="dimgray",
-    )
-    ax.set_xlim(-0.2, 12.2)
-    ax.set_ylim(-0.8, 2.8)
-    ax.axis("off")
-    plt.show()
+    _caption(ax, 5.9, -0.55, "next iteration (core.iteration + 1)")
+    _caption(ax, 5.9, 2.55, "each phase inside core.phase(...): timed, and a fault fails only the requests it touched")
+    _show(ax, (-0.2, 12.2), (-0.8, 2.8))
 
 
 def block_table(table: Sequence[int], num_tokens: int, block_size: int, pool: int) -> None:
