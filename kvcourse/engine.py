@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvcourse.kv_cache import KVCacheManager
+    from kvcourse.sampler import SamplingParams
 
 Prompt = str | Sequence[int]
 PROGRESS_MIN_TOKENS = 256  # show a progress bar by default when a run generates at least this many tokens
@@ -476,17 +477,25 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ public
     def generate(
-        self, prompts: Sequence[Prompt], max_new_tokens: int, *, progress: bool | None = None, trace: bool = False
+        self,
+        prompts: Sequence[Prompt],
+        max_new_tokens: int,
+        *,
+        sampling_params: SamplingParams | None = None,
+        progress: bool | None = None,
+        trace: bool = False,
     ) -> list[list[int]]:
-        """The greedy continuation of every prompt (token ids), in the order given.
+        """The continuation of every prompt (token ids), in the order given: greedy unless sampling_params says otherwise.
 
         prompts: strings (encoded with the tokenizer, GPT-2's by default) or lists of token ids.
+        sampling_params: kvcourse.sampler.SamplingParams for every prompt (None: greedy, equal to hf_greedy).
         Every prompt is checked before any is queued: a bad one raises ValueError and nothing runs.
         progress: a tqdm bar on stderr; None shows it for runs of PROGRESS_MIN_TOKENS tokens or more.
         trace: record every step in `self.trace` (print them with `print(*engine.trace, sep="\\n")`).
         """
         token_lists = self._validate(prompts, max_new_tokens)
-        requests = [self._add_request(tokens, max_new_tokens) for tokens in token_lists]
+        params = _check_sampling_params(sampling_params)
+        requests = [self._add_request(tokens, max_new_tokens, params) for tokens in token_lists]
         self.stats = EngineStats(prompt_tokens=sum(map(len, token_lists)))
         self.core.trace, self.core.iteration = self.core.new_trace(), 0  # steps count from 1 in each call
         self.core.remember(requests)
@@ -509,10 +518,12 @@ class LLMEngine:
             bar.close()
         return [list(r.output_tokens) for r in requests]
 
-    def add_request(self, prompt: Prompt, max_new_tokens: int) -> Request:
+    def add_request(
+        self, prompt: Prompt, max_new_tokens: int, sampling_params: SamplingParams | None = None
+    ) -> Request:
         """Queue one prompt without running it (drive the engine with step(), as a server or benchmark does)."""
         [tokens] = self._validate([prompt], max_new_tokens, where="the prompt")
-        return self._add_request(tokens, max_new_tokens)
+        return self._add_request(tokens, max_new_tokens, _check_sampling_params(sampling_params))
 
     def step(self, trace: bool = False) -> int:
         """Schedule, run and update once; returns how many tokens were sampled (read them in request.output_tokens)."""
@@ -599,11 +610,15 @@ class LLMEngine:
                 "shorten the prompt or lower max_new_tokens."
             )
 
-    def _add_request(self, tokens: list[int], max_new_tokens: int) -> Request:
+    def _add_request(
+        self, tokens: list[int], max_new_tokens: int, sampling_params: SamplingParams | None = None
+    ) -> Request:
         """Hand one prompt to the scheduler under a fresh id (ids never repeat across generate calls)."""
         request = Request(id=self._next_request_id, prompt_tokens=tokens, max_new_tokens=max_new_tokens)
+        request.sampling_params = sampling_params
         self._next_request_id += 1
         self._requests[request.id] = request
+        self.runner.sampler.add_request(request)
         self.scheduler.add_request(request)
         return request
 
@@ -617,6 +632,18 @@ class LLMEngine:
             for layer in self.runner.kv_cache.layers:
                 layer.keys[dst] = layer.keys[src]
                 layer.values[dst] = layer.values[src]
+
+
+def _check_sampling_params(params: object) -> SamplingParams | None:
+    """The request's SamplingParams (None: greedy), or a ValueError saying what to pass."""
+    from kvcourse.sampler import SamplingParams
+
+    if params is not None and not isinstance(params, SamplingParams):
+        raise ValueError(
+            f"sampling_params is {type(params).__name__}; pass kvcourse.sampler.SamplingParams(temperature=..., "
+            "top_p=..., seed=...) or None for greedy."
+        )
+    return params
 
 
 def hf_greedy(model: torch.nn.Module, prompt_tokens: Sequence[int], max_new_tokens: int) -> list[int]:

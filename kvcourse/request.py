@@ -6,6 +6,10 @@ import enum
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvcourse.sampler import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -81,6 +85,7 @@ class Request:
     reason: str | None = None
     priority: int = 0  # scheduling_policy="priority": lower value = more urgent, as in vLLM
     arrival_time: float = 0.0  # when it arrived (seconds on the serving clock); breaks priority ties
+    sampling_params: SamplingParams | None = None  # how the runner's sampler picks its tokens (None: greedy)
 
     def __post_init__(self) -> None:
         """Reject requests that could never be served, saying how to fix them."""

@@ -1,4 +1,4 @@
-"""The model runner: turn a scheduler batch into GPT-2's inputs, run one forward pass, sample greedily.
+"""The model runner: turn a scheduler batch into GPT-2's inputs, run one forward pass, sample (kvcourse/sampler.py).
 
 Like nano-vllm's ModelRunner and vLLM v1's GPU model runner, it packs every scheduled token of
 every sequence into one row (no padding) and describes the row with a few small tensors:
@@ -24,6 +24,7 @@ import torch
 from kvcourse.backends.fast import FastAttentionMetadata
 from kvcourse.backends.packed import can_pack, packed_weights, why_not_packable
 from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS, AttentionTimer, PagedKVCache
+from kvcourse.sampler import Sampler
 
 
 class ScheduledSequenceLike(Protocol):
@@ -136,7 +137,7 @@ class RunnerTimings:
     prepare: float = 0.0  # building the input tensors (and the fast backend's attention metadata)
     forward: float = 0.0  # the model's forward pass, attention included
     attention: float = 0.0  # the part of forward spent in paged attention (every layer)
-    sample: float = 0.0  # argmax over the logits and back to Python ints
+    sample: float = 0.0  # the sampler (greedy: argmax) and back to Python ints
     steps: int = 0
 
     def reset(self) -> None:
@@ -171,6 +172,7 @@ class ModelRunner:
         self.kv_cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.device = next(model.parameters()).device
         self.timings = RunnerTimings()
+        self.sampler = Sampler()  # each request's SamplingParams (LLMEngine registers them); greedy by default
         self._attention_timer = AttentionTimer()
         self.synchronize_timings = synchronize_timings
         # None: pack where it pays (CPU, float32, GPT-2 small and wider); the packed copy costs the weights' size in memory once more.
@@ -194,7 +196,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: Sequence[ScheduledSequenceLike], block_tables: dict[int, list[int]]) -> dict[int, int]:
-        """One forward pass over the batch; the greedy next token of each sequence that samples.
+        """One forward pass over the batch; the next token of each sequence that samples (its request's SamplingParams; greedy by default).
 
         A sequence samples unless it says otherwise (`samples_token`, set by the scheduler: False for a
         prefill chunk that does not reach the end of its prompt); logits are computed only there.
@@ -221,7 +223,7 @@ class ModelRunner:
                 **kwargs,
             ).logits[0]  # [sampling sequences, vocab]
         t2 = self._now()
-        tokens = logits.argmax(dim=-1).tolist() if sampling else []
+        tokens = self.sampler(logits, [inputs.request_ids[i] for i in sampling]) if sampling else []
         t3 = self._now()
         self._record(t0, t1, t2, t3, self._attention_timer.seconds - attention_before)
         return {inputs.request_ids[i]: token for i, token in zip(sampling, tokens)}
