@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,17 +31,10 @@ sys.path.insert(0, str(ROOT))
 from kvcourse.course.exercises import EXERCISES  # noqa: E402
 from kvcourse.course.stubs import BEGIN_MARK, END_MARK  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from mutants_learner import LEARNER_MUTANTS, Mutant  # noqa: E402  (the mutants written from the contracts)
+
 COPIED = ("kvcourse", "solutions", "tests", "conftest.py", "pyproject.toml", "notebooks/sanitize.cfg")
-
-
-@dataclass(frozen=True)
-class Mutant:
-    """One realistic bug: replace `old` by `new` inside the regions of exercise `exercise`."""
-
-    exercise: str
-    description: str
-    old: str
-    new: str
 
 
 # fmt: off
@@ -208,8 +200,28 @@ MUTANTS = [
            "request = self.active_pool.pop(request_id, None)"),
     Mutant("7.5", "resets while blocks are held", "        if self.get_num_free_blocks() < self.num_blocks:\n            return False\n", ""),
     Mutant("7.5", "keeps the hash map", "        self.cached_block_hash_to_block.clear()\n", ""),
+    # ---- 4.7 eviction policies (solutions/eviction.py; helper E's block) ----
+    Mutant("4.7", "hands out a block a hit revived", "if block.ref_cnt == 0 and self.freed_at[block_id] == tick:",
+           "if self.freed_at[block_id] == tick:"),
+    Mutant("4.7", "ranks a block by its first free, not its last", "if block.ref_cnt == 0 and self.freed_at[block_id] == tick:",
+           "if block.ref_cnt == 0:"),
+    Mutant("4.7", "takes the heap's last entry, not its smallest", "_, tick, block_id = heapq.heappop(self.free_heap)",
+           "_, tick, block_id = self.free_heap.pop()"),
+    Mutant("4.7", "FIFO lets a hit buy time (LRU)", "return (self.cached_at[block.block_id], self.freed_at[block.block_id])",
+           "return (self.freed_at[block.block_id],)"),
+    Mutant("4.7", "FIFO evicts the newest first", "return (self.cached_at[block.block_id],",
+           "return (-self.cached_at[block.block_id],"),
+    Mutant("4.7", "FIFO ties go to the most recently freed", "self.cached_at[block.block_id], self.freed_at",
+           "self.cached_at[block.block_id], -self.freed_at"),
+    Mutant("4.7", "LFU evicts the most shared first", "self.num_shares[block.block_id], self.freed_at",
+           "-self.num_shares[block.block_id], self.freed_at"),
+    Mutant("4.7", "LFU evicts cached blocks before empty ones", "(block.block_hash is not None,", "(block.block_hash is None,"),
+    Mutant("4.7", "LFU ties go to the most recently freed", "self.num_shares[block.block_id], self.freed_at",
+           "self.num_shares[block.block_id], -self.freed_at"),
+    # ---- end of 4.7 ----
 ]
 # fmt: on
+ALL_MUTANTS = MUTANTS + LEARNER_MUTANTS  # the maintainers' own, then those written from the contracts
 
 
 def regions(source: str, exercise_id: str) -> list[tuple[int, int]]:
@@ -234,9 +246,9 @@ def apply(mutant: Mutant, source: str) -> str:
 
 
 def test_file(exercise_id: str) -> str:
-    """The graded test file of an exercise's notebook (tests/exercises/test_ex<major>_*.py)."""
-    major = exercise_id.split(".")[0]
-    (path,) = (ROOT / "tests" / "exercises").glob(f"test_ex{major}_*.py")
+    """The graded test file of an exercise's notebook that marks it (tests/exercises/test_ex<major>_*.py)."""
+    major, marker = exercise_id.split(".")[0], re.compile(rf"\b{EXERCISES[exercise_id].marker}\b")
+    (path,) = [p for p in (ROOT / "tests" / "exercises").glob(f"test_ex{major}_*.py") if marker.search(p.read_text())]
     return str(path.relative_to(ROOT))
 
 
@@ -304,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (default 2)")
     args = parser.parse_args(argv)
-    mutants = [m for m in MUTANTS if not args.only or m.exercise in args.only]
+    mutants = [m for m in ALL_MUTANTS if not args.only or m.exercise in args.only]
     unknown = sorted({m.exercise for m in mutants} - set(EXERCISES))
     if unknown:
         print(f"mutants name unknown exercises {unknown}: update MUTANTS in {Path(__file__).name}.")
@@ -327,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mutant.exercise:<9} {mutant.description[:58]:<58} {verdict:<9} {detail}")
     bad = [r for r in results if r[1] != "caught"]
     missing = sorted(
-        (eid for eid in EXERCISES if sum(m.exercise == eid for m in MUTANTS) < 2),
+        (eid for eid in EXERCISES if sum(m.exercise == eid for m in ALL_MUTANTS) < 2),
         key=lambda i: tuple(map(int, i.split("."))),
     )
     print(

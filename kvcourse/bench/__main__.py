@@ -11,6 +11,7 @@ STUDIES = {
     "throughput": "tokens per second: HF static batches, HF continuous batching, kvcourse",
     "serving": "TTFT, TPOT, ITL and goodput under Poisson arrivals: rate and token-budget sweeps",
     "kernel": "decode attention time and bandwidth: Triton, gather reference, SDPA",
+    "trace": "prefix hit rate vs cache capacity on Mooncake's production traces (their Figure 9)",
 }
 ALIASES = {"memory": "waste"}  # the study's earlier name
 

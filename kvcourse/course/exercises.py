@@ -217,6 +217,14 @@ _EXERCISES = [
         approach="The step writes positions first_write .. num_tokens - 1, i.e. blocks first_write // block_size up to the last one the table already holds (at most blocks_needed(num_tokens) of them); keep the indices of those with ref_cnt > 1; none when num_tokens <= first_write.",
     ),
     Exercise(
+        id="4.7",
+        title="Eviction policies: FIFO and LFU",
+        module="eviction",
+        minutes=20,
+        hint="A heap cannot delete from its middle, so it keeps entries that no longer mean anything: when you meet one at the top, how do you tell it is out of date? A key is a tuple compared left to right: what must decide first, and what only breaks ties?",
+        approach="_pop_victim: pop the smallest entry (key, tick, block id) off free_heap until the block it names is free (ref_cnt 0) and the entry's tick equals freed_at of that block; return that block (leave it in the queue). FIFOBlockPool.eviction_key: (cached_at of the block, freed_at of the block). LFUBlockPool.eviction_key: (whether the block holds a hash, its num_shares, its freed_at).",
+    ),
+    Exercise(
         id="5.1",
         title="Write K/V into the paged cache",
         module="attention",
