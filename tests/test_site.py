@@ -1,0 +1,451 @@
+"""The course's website (`./course book`) in a real browser: every page, as a reader meets it.
+
+Builds the site from the committed notebooks (scripts/build_site.py, into a temporary folder), serves
+it on a loopback port and opens every page in headless Chromium, with every request that leaves the
+loopback server refused and recorded. Each notebook page must show its title, its stored figures as
+loaded images, launch buttons (Colab, Binder) built from kvcourse.course.colab.REPOSITORY, previous/next
+links in reading order, and its block-table widgets drawn (stepping through the recorded run where the
+notebook stores its frames); no page may log a console error, fail a request, fetch anything from the
+network or hold an internal link to a page or anchor that does not exist. Screenshots of the landing page
+and of notebook 03's widget go to build/site-screenshots/ (CI keeps them).
+
+Needs Debian's `chromium` (.ci/run installs it) and the dev extra (Sphinx, MyST-NB, the Book Theme);
+skips, saying which is missing, without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import html.parser
+import http.server
+import importlib.util
+import json
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from browser_support import CHROMIUM, browser
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / "build" / "site-screenshots"
+VIEWPORT = {"width": 1400, "height": 1000}
+WIDGET_REPR = re.compile(r"BlockTableWidget\((\d+) steps, (\d+) blocks of (\d+) tokens; step (\d+)\)")
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
+
+
+def _load_build_site():
+    """scripts/build_site.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build_site = _load_build_site()
+
+
+# -- what the committed notebooks say each page must show ------------------------------------------
+@dataclass(frozen=True)
+class ExpectedWidget:
+    steps: int
+    blocks: int
+    step: int
+    has_frames: bool
+
+
+@dataclass(frozen=True)
+class NotebookPage:
+    path: Path
+    title: str
+    images: int
+    widgets: tuple[ExpectedWidget, ...]
+
+    @property
+    def page(self) -> str:
+        return f"notebooks/{self.path.stem}"
+
+
+def expected_page(path: Path) -> NotebookPage:
+    """Title, image outputs and block-table widgets of one committed notebook."""
+    notebook = json.loads(path.read_text())
+    images, widgets = 0, []
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            images += any(kind in data for kind in IMAGE_TYPES)
+            text = "".join(data.get("text/plain", ""))
+            frames = "kvcourse" in output.get("metadata", {})
+            for match in WIDGET_REPR.finditer(text):
+                steps, blocks, _, step = map(int, match.groups())
+                widgets.append(ExpectedWidget(steps, blocks, step, frames))
+    title = None
+    for cell in notebook["cells"]:
+        found = (
+            re.search(r"^# (.+)$", "".join(cell["source"]), re.MULTILINE) if cell["cell_type"] == "markdown" else None
+        )
+        if found:
+            title = found.group(1).strip()
+            break
+    assert title, f"{path.name} has no '# title' heading"
+    return NotebookPage(path, title, images, tuple(widgets))
+
+
+NOTEBOOKS = [expected_page(path) for path in build_site.discover_notebooks()]
+ORDER = ["index", *(nb.page for nb in NOTEBOOKS), *(name for _, name in build_site.README_PAGES)]
+
+
+# -- the site, served ---------------------------------------------------------------------------------
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """The built site on a free loopback port; the base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class _Ids(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.ids.update(value for name, value in attrs if name in ("id", "name") and value)
+
+
+@functools.cache
+def anchors(page: Path) -> frozenset[str]:
+    """Every id (and name) in one built page: what a #fragment may point at."""
+    parser = _Ids()
+    parser.feed(page.read_text(errors="replace"))
+    return frozenset(parser.ids)
+
+
+def broken_links(site: Path, base_url: str, page_url: str, hrefs: list[str]) -> list[str]:
+    """Internal links of one page whose file or #anchor does not exist in the built site."""
+    broken = []
+    for href in hrefs:
+        if not href.startswith(base_url):
+            continue
+        parts = urlsplit(href)
+        target = site / unquote(parts.path).lstrip("/")
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(f"{href} (no such file)")
+        elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in anchors(target):
+            broken.append(f"{href} (no #{parts.fragment} in {target.relative_to(site)})")
+    return broken
+
+
+# -- one page in the browser -----------------------------------------------------------------------------
+@dataclass
+class Visit:
+    console_errors: list[str]
+    failed: list[str]
+    outside: list[str]
+
+
+def open_page(context, url: str):
+    """Open a page, recording console errors, failed requests and any request to the outside."""
+    page = context.new_page()
+    visit = Visit([], [], [])
+    page.on("console", lambda msg: msg.type == "error" and visit.console_errors.append(msg.text))
+    page.on("pageerror", lambda error: visit.console_errors.append(f"uncaught: {error}"))
+    page.on("requestfailed", lambda req: visit.failed.append(f"{req.url} ({req.failure})"))
+    page.on("response", lambda resp: resp.status >= 400 and visit.failed.append(f"{resp.url} (HTTP {resp.status})"))
+    page.goto(url, wait_until="load")
+    return page, visit
+
+
+_IMAGES_JS = """() => [...document.querySelectorAll('article img, main img')].map(img => ({
+  src: img.getAttribute('src'), complete: img.complete, width: img.naturalWidth,
+  output: !!img.closest('.cell_output, .output')}))"""
+
+_STEPPER_JS = """(el) => {
+  const view = el.querySelector('.kv-stepper-frame .kv-widget') || el.querySelector('.kv-widget');
+  return {
+    ready: el.classList.contains('kv-stepper-ready'),
+    step: el.dataset.step,
+    widgetStep: view ? view.dataset.step : null,
+    numBlocks: view ? view.dataset.numBlocks : null,
+    blocks: view ? view.querySelectorAll('.kv-block').length : 0,
+    readout: (el.querySelector('.kv-stepper-readout') || {}).textContent,
+    slider: (el.querySelector('.kv-stepper-slider') || {}).value,
+    grid: view ? [...view.querySelectorAll('.kv-block')].map(b => b.dataset.state + b.dataset.owners + b.dataset.tokens).join(' ') : '',
+    html: view ? view.outerHTML : '',
+    visible: view ? view.getBoundingClientRect().height > 0 : false,
+  };
+}"""
+
+
+def wait_for_step(page, stepper, step: int, name: str) -> dict:
+    """Wait until the stepper, its readout, its slider and the drawn widget all show `step`."""
+    page.wait_for_function(
+        """([el, step]) => el.dataset.step === String(step)
+             && el.querySelector('.kv-stepper-frame .kv-widget').dataset.step === String(step)""",
+        arg=[stepper.element_handle(), step],
+        timeout=5000,
+    )
+    state = stepper.evaluate(_STEPPER_JS)
+    assert state["readout"] == str(step) and state["slider"] == str(step), f"{name}: at step {step} shows {state}"
+    return state
+
+
+def go_to_step(page, stepper, step: int, name: str) -> None:
+    """Click the step buttons until the stepper shows `step`."""
+    current = int(stepper.evaluate("el => el.dataset.step"))
+    button = stepper.locator(".kv-stepper-forward" if step > current else ".kv-stepper-back")
+    for now in range(current, step, 1 if step > current else -1):
+        button.click()
+        wait_for_step(page, stepper, now + (1 if step > current else -1), f"{name} back to step {step}")
+
+
+def check_widgets(page, notebook: NotebookPage) -> list:
+    """Each block-table widget drawn with its blocks at the stored step; a recorded run steps. The widgets."""
+    shown = page.locator(".kv-stepper, .kv-static-widget[data-kind='BlockTableWidget']")
+    assert shown.count() == len(notebook.widgets), (
+        f"{notebook.page}: {shown.count()} block-table widgets drawn, the notebook stores {len(notebook.widgets)}"
+    )
+    drawn = []
+    for index, expected in enumerate(notebook.widgets):
+        element, name = shown.nth(index), f"{notebook.page} widget #{index + 1}"
+        element.scroll_into_view_if_needed()
+        state = element.evaluate(_STEPPER_JS)
+        assert state["visible"], f"{name} is not visible (a blank box)"
+        assert state["blocks"] == expected.blocks and state["numBlocks"] == str(expected.blocks), (
+            f"{name} draws {state['blocks']} blocks; the notebook's widget has {expected.blocks}"
+        )
+        assert state["widgetStep"] == str(expected.step), (
+            f"{name} opens at step {state['widgetStep']}, not {expected.step}"
+        )
+        drawn.append(element)
+        if not expected.has_frames:
+            continue
+        page.wait_for_function("(el) => el.classList.contains('kv-stepper-ready')", arg=element.element_handle())
+        first = element.evaluate(_STEPPER_JS)
+        assert first["step"] == str(expected.step), f"{name}: the stepper opens at {first['step']}, not {expected.step}"
+        if expected.steps < 2:
+            continue
+        slider = element.locator(".kv-stepper-slider")
+        slider.focus()
+        slider.press("End")
+        last = wait_for_step(page, element, expected.steps - 1, f"{name} slider End")
+        slider.press("Home")
+        start = wait_for_step(page, element, 0, f"{name} slider Home")
+        assert last["html"] != start["html"], f"{name}: the first and last steps draw the same picture"
+        forward = element.locator(".kv-stepper-forward")
+        current = start
+        for step in range(1, expected.steps):
+            forward.click()
+            current = wait_for_step(page, element, step, f"{name} 'step ▶'")
+            if current["grid"] != start["grid"]:
+                break
+        assert current["grid"] != start["grid"], f"{name}: stepping through the run never changes a block"
+        element.locator(".kv-stepper-back").click()
+        wait_for_step(page, element, step - 1, f"{name} '◀ step'")
+        go_to_step(page, element, expected.step, name)  # back where the notebook opens it (the screenshot)
+    return drawn
+
+
+def check_launch_buttons(page, notebook: NotebookPage) -> None:
+    """Colab and Binder links for this notebook, from the one repository address."""
+    from kvcourse.course.colab import REPOSITORY
+
+    org_repo = REPOSITORY.removeprefix("https://github.com/").strip("/")
+    path = f"notebooks/{notebook.path.name}"
+    hrefs = page.eval_on_selector_all("a[href]", "els => els.map(a => a.href)")
+    colab = f"https://colab.research.google.com/github/{org_repo}/blob/main/{path}"
+    binder = f"https://mybinder.org/v2/gh/{org_repo}/main?urlpath=lab/tree/{path}"
+    assert colab in hrefs, f"{notebook.page}: no Colab launch link {colab}"
+    assert binder in hrefs, f"{notebook.page}: no Binder launch link {binder}"
+
+
+def check_prev_next(page, base_url: str, name: str) -> None:
+    """Previous/next links follow the reading order: landing, notebooks 00.., teaching, serving."""
+    index = ORDER.index(name)
+    for selector, neighbour in (("a.left-prev", index - 1), ("a.right-next", index + 1)):
+        link = page.locator(f".prev-next-area {selector}")
+        if 0 <= neighbour < len(ORDER):
+            assert link.count() == 1, f"{name}: no '{selector}' link to {ORDER[neighbour]}"
+            href = urlsplit(link.first.evaluate("a => a.href")).path
+            assert href == f"/{ORDER[neighbour]}.html", f"{name}: '{selector}' goes to {href}, not {ORDER[neighbour]}"
+        else:
+            assert link.count() == 0, f"{name}: a '{selector}' link past the ends of the book"
+
+
+# -- the test -------------------------------------------------------------------------------------------------
+def _skip_without_tools() -> None:
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"Debian's chromium is not installed at {CHROMIUM} (.ci/run installs it: apt-get install -y chromium)"
+        )
+    pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (pip install -e '.[dev]')")
+    for module in ("sphinx", "myst_nb", "sphinx_book_theme"):
+        pytest.importorskip(
+            module, reason=f"{module} is not installed: the site needs the dev extra (pip install -e '.[dev]')"
+        )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The whole site, built from the committed notebooks into a temporary folder."""
+    _skip_without_tools()
+    tmp = tmp_path_factory.mktemp("site")
+    build_site.build(out=tmp / "site", stage_dir=tmp / "src", doctrees=tmp / "doctrees")
+    return tmp / "site"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_page_of_the_site_in_chromium(site: Path) -> None:
+    assert build_site.external_assets(site) == []
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
+    outside: list[str] = []
+    with serve(site) as base_url, browser() as chromium:
+        context = chromium.new_context(viewport=VIEWPORT)
+
+        def refuse_outside(route) -> None:
+            outside.append(route.request.url)
+            route.abort()
+
+        context.route(re.compile(r"^(?!" + re.escape(base_url) + ")"), refuse_outside)
+        by_page = {nb.page: nb for nb in NOTEBOOKS}
+        for name in [*ORDER, "search", "genindex"]:
+            page, visit = open_page(context, f"{base_url}{name}.html")
+            try:
+                heading = page.locator("article h1, main h1").first.inner_text()
+                notebook = by_page.get(name)
+                if notebook is not None:
+                    assert notebook.title in heading.replace("\n", " ").rstrip("#¶ "), (
+                        f"{name}: the page's title is {heading!r}, not the notebook's {notebook.title!r}"
+                    )
+                    images = page.evaluate(_IMAGES_JS)
+                    outputs = [img for img in images if img["output"]]
+                    assert len(outputs) >= notebook.images, (
+                        f"{name}: {len(outputs)} output images on the page, the notebook stores {notebook.images}"
+                    )
+                    unloaded = [img["src"] for img in images if not (img["complete"] and img["width"] > 0)]
+                    assert not unloaded, f"{name}: images that did not load: {unloaded}"
+                    check_launch_buttons(page, notebook)
+                    widgets = check_widgets(page, notebook)
+                    if name.startswith("notebooks/03_") and widgets:
+                        widgets[0].scroll_into_view_if_needed()
+                        widgets[0].screenshot(path=SCREENSHOTS / "03_widget.png")
+                        page.screenshot(path=SCREENSHOTS / "03_page.png")
+                if name in ORDER:
+                    check_prev_next(page, base_url, name)
+                if name == "index":
+                    table = page.locator("table a[href*='notebooks/']")
+                    assert table.count() >= len(NOTEBOOKS), (
+                        "the landing page's curriculum table does not link every notebook"
+                    )
+                    assert page.locator("form[action*='search'], .search-button, button[aria-label*='earch']").count()
+                    page.screenshot(path=SCREENSHOTS / "landing.png")
+                hrefs = page.eval_on_selector_all("a[href]", "els => els.map(a => a.href)")
+                problems += [f"{name}: broken link {b}" for b in broken_links(site, base_url, page.url, hrefs)]
+                problems += [f"{name}: console error: {e}" for e in visit.console_errors]
+                problems += [
+                    f"{name}: failed request: {f}" for f in visit.failed if not f.startswith(("http://127", "https"))
+                ]
+            finally:
+                page.close()
+        # The search box works offline: a course term finds the notebook that teaches it.
+        page, visit = open_page(context, f"{base_url}search.html?q=allocate_slots")
+        try:
+            page.wait_for_selector("#search-results li a", timeout=20000)
+            found = page.eval_on_selector_all("#search-results li a", "els => els.map(a => a.getAttribute('href'))")
+            assert any("03_paged_allocator" in href for href in found), f"searching 'allocate_slots' found {found}"
+            problems += [f"search: console error: {e}" for e in visit.console_errors]
+        finally:
+            page.close()
+        context.close()
+    assert not outside, f"pages reached for the network: {sorted(set(outside))[:10]}"
+    assert not problems, "\n".join(problems)
+    assert (SCREENSHOTS / "landing.png").exists()
+    assert (SCREENSHOTS / "03_widget.png").exists(), "notebook 03's page drew no block-table widget"
+
+
+# -- the pieces, without a browser ----------------------------------------------------------------------------
+def test_readme_sections_become_pages_and_relative_links_point_at_the_repository() -> None:
+    from kvcourse.course.colab import REPOSITORY
+
+    readme = (
+        "# T\n\nIntro.\n\n## Teaching a class\n\nSee [the guide](CONTRIBUTING.md) and [x](https://a.b/c).\n\n## Next\n"
+    )
+    body = build_site.readme_section(readme, "Teaching a class")
+    assert body.startswith("See") and "## Next" not in body
+    fixed = build_site.repository_links(body)
+    assert f"[the guide]({REPOSITORY}/blob/main/CONTRIBUTING.md)" in fixed and "(https://a.b/c)" in fixed
+    assert build_site.readme_intro(readme) == "Intro.\n"
+    with pytest.raises(build_site.SiteError, match="no '## Serve it' section"):
+        build_site.readme_section(readme, "Serve it")
+
+
+def test_curriculum_rows_link_to_the_notebook_pages() -> None:
+    table = "| notebook | you build |\n|---|---|\n| 03 A paged KV-cache allocator | free-block queue |\n"
+    linked = build_site.link_curriculum(table, [Path("notebooks/03_paged_allocator.ipynb")])
+    assert "| [03 A paged KV-cache allocator](notebooks/03_paged_allocator.ipynb) |" in linked
+
+
+def test_notebooks_are_discovered_in_order_with_any_new_one() -> None:
+    found = [p.name for p in build_site.discover_notebooks()]
+    assert found == sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) and found[0].startswith(
+        "00_"
+    )
+
+
+def test_external_assets_are_found(tmp_path: Path) -> None:
+    (tmp_path / "a.html").write_text(
+        '<script src="https://cdn.example/x.js"></script><a href="https://ok.example">ok</a>'
+    )
+    (tmp_path / "b.css").write_text("@font-face { src: url(https://fonts.example/f.woff2); }")
+    (tmp_path / "c.html").write_text(
+        '<link rel="stylesheet" href="_static/local.css"><script src="_static/x.js"></script>'
+    )
+    found = build_site.external_assets(tmp_path)
+    assert len(found) == 2 and found[0].startswith("a.html") and found[1].startswith("b.css")
+
+
+def test_a_widget_output_becomes_a_stepper_with_its_frames(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import nbformat
+    from execute_notebooks import encode_frames, store_frames
+
+    frames = [f'<div class="kv-widget" data-step="{i}">{i}</div>' for i in range(3)]
+    view = {"model_id": "m1", "version_major": 2, "version_minor": 0}
+    output = nbformat.v4.new_output(
+        "display_data",
+        data={build_site.WIDGET_VIEW: view, "text/html": frames[1], "text/plain": "BlockTableWidget(...)"},
+    )
+    other = nbformat.v4.new_output("display_data", data={build_site.WIDGET_VIEW: {**view, "model_id": "m2"}})
+    state = {"m2": {"model_name": "HTMLModel", "state": {"value": "<b>live table</b>"}}}
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("w", outputs=[output, other])])
+    notebook.metadata["widgets"] = {build_site.WIDGET_STATE: {"state": state}}
+    assert store_frames(notebook, {"m1": frames}) == 1
+    assert output.metadata["kvcourse"] == encode_frames(frames)
+    assert build_site.render_widgets(notebook) == 1
+    stepper = output.data["text/html"]
+    assert build_site.WIDGET_VIEW not in output.data and "widgets" not in notebook.metadata
+    assert 'data-step="1"' in stepper and frames[1] in stepper and 'max="2"' in stepper
+    assert other.data["text/html"] == (
+        '<div class="kv-static-widget" data-model-id="m2" data-kind=""><b>live table</b></div>'
+    )
