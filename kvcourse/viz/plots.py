@@ -90,3 +90,51 @@ def plot_memory(trace: Trace, capacity_tokens: int, ax: Any = None, title: str =
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return ax
+
+
+def plot_hit_rate_curve(
+    curves: dict[str, dict[int, float]],
+    maxima: dict[str, float] | None = None,
+    paper: dict[str, float] | None = None,
+    marks: dict[str, int] | None = None,
+    ax: Any = None,
+    title: str = "Prefix hit rate against cache capacity (request order only)",
+) -> Any:
+    """Hit rate per trace against capacity in tokens (log scale), the maxima and the paper's figures beside them.
+
+    `curves`: trace name -> {capacity in tokens: hit rate}; `maxima`: the infinite-cache rate per trace
+    (dotted); `paper`: the rate the paper reports per trace (a labelled tick at the right edge);
+    `marks`: label -> capacity, a vertical line each (e.g. one GPU's worth of KV cache).
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    for i, (name, curve) in enumerate(curves.items()):
+        color = f"C{i}"
+        xs = sorted(curve)
+        ax.plot(xs, [100 * curve[x] for x in xs], "o-", color=color, label=f"{name} (this replay)")
+        if maxima and name in maxima:
+            ax.axhline(100 * maxima[name], color=color, linestyle=":", linewidth=1)
+        if paper and name in paper:
+            ax.plot([xs[-1]], [100 * paper[name]], marker="*", markersize=13, color=color, linestyle="")
+            ax.annotate(
+                f"paper: {paper[name]:.0%}",
+                (xs[-1], 100 * paper[name]),
+                textcoords="offset points",
+                xytext=(-70, 6),
+                fontsize=8,
+                color=color,
+            )
+    for j, (label, capacity) in enumerate((marks or {}).items()):
+        ax.axvline(capacity, color="gray", linestyle="--", linewidth=1)
+        ax.annotate(
+            label, (capacity, 2 + 8 * j), textcoords="offset points", xytext=(4, 0), fontsize=8, color="dimgray"
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("cache capacity (tokens)")
+    ax.set_ylabel("prefix hit rate (% of prompt tokens)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8)
+    return ax

@@ -1,0 +1,193 @@
+"""Mooncake's traces: the loader, the block-to-token mapping, and the trace study checked against a replay of its own."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+
+from kvcourse.course.solutions_switch import solutions_enabled
+from kvcourse.traces import (
+    TRACE_BLOCK_SIZE,
+    TRACE_DIR,
+    TraceRequest,
+    block_tokens,
+    iter_trace,
+    load_trace,
+    prompt_tokens,
+    to_request,
+)
+
+needs_reference = pytest.mark.skipif(
+    not solutions_enabled(),
+    reason="the maintainers' tests run against the reference: set KVCOURSE_SOLUTIONS=1 (./course test does)",
+)
+SLICE = 1500  # requests of the conversation trace replayed in the tests (the full trace is the benchmark's)
+
+
+@pytest.fixture(scope="module")
+def conversation() -> list[TraceRequest]:
+    return load_trace("conversation")
+
+
+# ---- the loader ---------------------------------------------------------------------------------
+
+
+def test_both_traces_ship_with_their_license_and_the_documented_counts(conversation):
+    assert (TRACE_DIR / "LICENSE-APACHE").read_text().startswith("\n                                 Apache License")
+    synthetic = load_trace("synthetic")
+    assert (len(conversation), len(synthetic)) == (12_031, 3_993)
+    mean_input = sum(r.input_length for r in conversation) / len(conversation)
+    mean_output = sum(r.output_length for r in conversation) / len(conversation)
+    assert (round(mean_input), round(mean_output)) == (12_035, 343)
+    assert round(sum(r.input_length for r in synthetic) / len(synthetic)) == 15_325
+
+
+def test_requests_come_in_arrival_order_with_one_id_per_block(conversation):
+    first = conversation[0]
+    assert first == TraceRequest(0, 6758, 500, tuple(range(14)))
+    times = [r.timestamp_ms for r in conversation]
+    assert times == sorted(times) and times[-1] > 3_000_000, "one hour of arrivals, in order, in milliseconds"
+    assert all(len(r.hash_ids) == -(-r.input_length // TRACE_BLOCK_SIZE) for r in conversation)
+    assert [r.input_length for r in iter_trace("conversation", limit=3)] == [6758, 7322, 7236]
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    with gzip.open(path, "wt") as out:
+        out.write("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ('{"timestamp": 0, "input_length": 10}', "must be a JSON object with timestamp, input_length"),
+        ("not json", "not a trace request"),
+        ('{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}', "needs 3 hash ids"),
+    ],
+)
+def test_a_bad_line_is_refused_with_its_line_number(tmp_path, line, words):
+    good = json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]})
+    path = _write(tmp_path / "bad.jsonl.gz", [good, line])
+    with pytest.raises(ValueError, match="line 2") as error:
+        load_trace(path)
+    assert words in str(error.value)
+
+
+def test_a_missing_trace_names_the_shipped_ones(tmp_path):
+    with pytest.raises(FileNotFoundError, match="conversation, synthetic"):
+        load_trace(tmp_path / "nowhere.jsonl.gz")
+
+
+# ---- block ids -> tokens ----------------------------------------------------------------------
+
+
+@needs_reference
+def test_equal_ids_share_their_hash_chain_and_different_ids_do_not():
+    from kvcourse.kv_cache import hash_request_tokens
+
+    a = TraceRequest(0, 3 * 512, 1, (7, 8, 9))
+    b = TraceRequest(0, 3 * 512, 1, (7, 8, 10))
+    c = TraceRequest(0, 3 * 512, 1, (6, 8, 9))
+    for block_size in (2, 4, 512):
+        chain_a, chain_b, chain_c = (hash_request_tokens(block_size, prompt_tokens(r, block_size)) for r in (a, b, c))
+        assert chain_a[:2] == chain_b[:2] and chain_a[2] != chain_b[2]
+        assert not set(chain_a) & set(chain_c), "a different first block changes every later hash"
+    assert block_tokens(3, 4) != block_tokens(4, 4) and block_tokens(3, 4) == block_tokens(3, 4)
+
+
+def test_a_partial_last_block_stays_partial():
+    request = TraceRequest(0, 2 * 512 + 100, 1, (1, 2, 3))
+    assert prompt_tokens(request, 2) == [2, 3, 4, 5, 6]  # two full blocks, and one token for the partial one
+    assert len(prompt_tokens(request, 8)) == 2 * 8 + 2  # 100 of 512 tokens: about 2 of 8
+    assert len(prompt_tokens(TraceRequest(0, 2 * 512 + 511, 1, (1, 2, 3)), 8)) == 2 * 8 + 7  # never a full block
+    assert len(prompt_tokens(TraceRequest(0, 1024, 1, (1, 2)), 2)) == 4  # a whole number of blocks
+    with pytest.raises(ValueError, match="cannot show a partial block"):
+        prompt_tokens(request, 1)
+    made = to_request(request, 5, 2)
+    assert made.is_complete() and made.max_new_tokens == 1
+
+
+# ---- the study against a replay of its own ---------------------------------------------------------
+
+
+def independent_replay(trace: list[TraceRequest], num_blocks: int) -> int:
+    """Prefix-hit tokens of an LRU cache of trace block ids, in plain Python (no course code).
+
+    The same definition as the study: each request finds the longest run of its leading full blocks in
+    the cache (never the block of its last token), then its full blocks (as many as fit) become the most
+    recently used, its head the most recent of all (the manager frees a request tail first).
+    """
+    cache: OrderedDict[int, None] = OrderedDict()
+    hit_tokens = 0
+    for request in trace:
+        full = list(request.hash_ids[: request.num_full_blocks])
+        found = 0
+        for hash_id in full[: (request.input_length - 1) // TRACE_BLOCK_SIZE]:
+            if hash_id not in cache:
+                break
+            found += 1
+        hit_tokens += found * TRACE_BLOCK_SIZE
+        for hash_id in reversed(full[:num_blocks]):
+            cache[hash_id] = None
+            cache.move_to_end(hash_id)
+        while len(cache) > num_blocks:
+            cache.popitem(last=False)
+    return hit_tokens
+
+
+@needs_reference
+def test_the_replay_through_the_manager_equals_an_independent_one(conversation):
+    from kvcourse.bench.trace import distinct_blocks, replay, trace_requests
+
+    trace = conversation[:SLICE]
+    requests = trace_requests(trace)
+    for num_blocks in (8, 60, 400, 2000, distinct_blocks(trace)):
+        assert replay(trace, requests, num_blocks).hit_tokens == independent_replay(trace, num_blocks), num_blocks
+
+
+@needs_reference
+def test_the_stand_in_block_size_changes_no_hit(conversation):
+    from kvcourse.bench.trace import replay, trace_requests
+
+    trace = conversation[:100]
+    for num_blocks in (30, 3000):
+        hits = {size: replay(trace, trace_requests(trace, size), num_blocks, size).hit_tokens for size in (2, 16, 512)}
+        assert len(set(hits.values())) == 1, hits
+
+
+@needs_reference
+def test_the_study_on_a_slice(monkeypatch, conversation):
+    from kvcourse.bench import trace as study
+
+    monkeypatch.setattr(study, "load_trace", lambda name: conversation[:SLICE])
+    result = study.study_trace("conversation", study.QUICK_CAPACITIES)
+    rates = {int(c): r for c, r in result["hit_rate"].items()}
+    assert result["requests"] == SLICE and 0 < result["max_hit_rate"] < 1
+    assert all(rate <= result["max_hit_rate"] for rate in rates.values())
+    fits = [rates[c] for c in sorted(rates) if c >= 10**6]  # every request fits: LRU's hit rate cannot fall
+    assert fits == sorted(fits)
+    assert rates[10**9] == result["max_hit_rate"], "a cache larger than the trace is the infinite one"
+    assert result["paper"] == study.paper_statements(rates, result["max_hit_rate"])
+    eviction = study.eviction_study("conversation", (10**6,))
+    text = study.report(
+        {"manager": "the reference", "device": "cpu", "quick": True, "source": "x", "traces": {"conversation": result}}
+        | {"eviction": eviction}
+    )
+    assert "the paper's first claim" in text and "second claim" in text and "LFU" in text
+
+
+@needs_reference
+def test_the_lru_policy_pool_replays_like_the_block_pool(conversation):
+    from kvcourse.bench.trace import replay, trace_requests
+    from kvcourse.eviction import FIFOBlockPool, LRUBlockPool
+
+    trace = conversation[:SLICE]
+    requests = trace_requests(trace)
+    for num_blocks in (60, 2000):
+        plain = replay(trace, requests, num_blocks).hit_tokens
+        assert replay(trace, requests, num_blocks, pool_class=LRUBlockPool).hit_tokens == plain
+    assert replay(trace, requests, 2000, pool_class=FIFOBlockPool).hit_tokens != plain, "FIFO is another policy"
