@@ -1,8 +1,10 @@
 """The server (kvcourse.serve) with real clients: openai for completions, httpx for disconnects and bad bodies.
 
 Every server here listens on a free 127.0.0.1 port, is started by the test and stopped after it; every
-wait is bounded in time. The engine is the tiny GPT-2; each completion must equal Hugging Face's greedy
-output for that prompt alone, whatever else runs at the same time.
+wait is bounded in time. The engine is the tiny GPT-2; each greedy completion (temperature 0, sent
+explicitly: an omitted temperature means 1, as in OpenAI's API) must equal Hugging Face's greedy output for
+that prompt alone, whatever else runs at the same time. Sampling, n, stop, logprobs and hostile input:
+tests/test_serve_clients.py.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from kvcourse.serve.__main__ import main as serve_main
 from kvcourse.serve.blocks import snapshot_from_json, snapshot_to_json
 from kvcourse.serve.detokenize import decode
 from kvcourse.serve.loadgen import format_summary, request_times, run_load, summarize
-from kvcourse.serve.metrics import parse_metrics
+from kvcourse.serve.metrics import metric, parse_metrics
 from kvcourse.viz.widgets import render_html
 
 torch.set_num_threads(1)  # tiny matrices: one thread is faster on a shared 2-core machine
@@ -112,7 +114,11 @@ def test_models_and_health(server, client):
 def test_completion_equals_hf_greedy(client, model, tokenizer):
     prompt = "The capital of France is"
     reply = client.completions.create(
-        model="tiny", prompt=prompt, max_tokens=12, extra_body={"ignore_eos": True, "return_token_ids": True}
+        model="tiny",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
     )
     choice = reply.choices[0]
     expected = hf_greedy(model, tokenizer.encode(prompt), 12)
@@ -129,6 +135,7 @@ def test_streaming_sends_tokens_as_they_come_then_usage(client, model, tokenizer
             model="tiny",
             prompt=prompt,
             max_tokens=10,
+            temperature=0,
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True, "return_token_ids": True},
@@ -158,7 +165,7 @@ def test_64_concurrent_streaming_clients_all_complete_exactly_and_leak_nothing(s
     rng = random.Random(16)
     prompts = [[rng.randrange(50257) for _ in range(rng.randint(1, 40))] for _ in range(64)]
     lengths = [rng.randint(1, 24) for _ in prompts]
-    finished_before = metrics(server).get('kvcourse:request_finished_total{finished_reason="length"}', 0)
+    finished_before = metric(metrics(server), "vllm:request_success_total", finished_reason="length")
 
     results, seconds = run_load(server.url + "/v1", prompts, lengths, "tiny", timeout=120)
 
@@ -171,10 +178,10 @@ def test_64_concurrent_streaming_clients_all_complete_exactly_and_leak_nothing(s
         assert r.text == decode(tokenizer, expected) and r.finish_reason == "length"
     wait_until(lambda: all_blocks_free(server), "every block is free after the load test")
     after = metrics(server)
-    assert after['kvcourse:request_finished_total{finished_reason="length"}'] - finished_before == 64
-    assert after["kvcourse:num_free_blocks"] == NUM_BLOCKS and after["kvcourse:kv_cache_usage_perc"] == 0
-    assert after["kvcourse:time_to_first_token_seconds_count"] >= 64
-    assert after["kvcourse:num_preemptions_total"] >= 0 and "kvcourse:prefix_cache_hit_rate" in after
+    assert metric(after, "vllm:request_success_total", finished_reason="length") - finished_before == 64
+    assert metric(after, "kvcourse:num_free_blocks") == NUM_BLOCKS and metric(after, "vllm:kv_cache_usage_perc") == 0
+    assert metric(after, "vllm:time_to_first_token_seconds_count") >= 64
+    assert metric(after, "vllm:prefix_cache_queries_total") >= sum(map(len, prompts))
     state = health(server)
     print("free blocks after:", state["num_free_blocks"], "of", NUM_BLOCKS, "| preemptions:", state["num_preemptions"])
 
@@ -212,8 +219,7 @@ def test_load_generator_sends_at_arrival_times_and_feeds_the_serving_study(serve
 # ------------------------------------------------------------------------------- never leaks
 @pytest.mark.usefixtures("slow_steps")
 def test_client_that_disconnects_mid_stream_gives_its_blocks_back(server):
-    aborted = 'kvcourse:request_finished_total{finished_reason="abort"}'
-    before = metrics(server).get(aborted, 0)
+    before = metric(metrics(server), "vllm:request_success_total", finished_reason="abort")
     body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 100, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=WAIT_S) as response:
         lines = response.iter_lines()
@@ -222,17 +228,19 @@ def test_client_that_disconnects_mid_stream_gives_its_blocks_back(server):
         assert health(server)["num_free_blocks"] < NUM_BLOCKS, "the request should hold blocks mid-stream"
     # leaving the block closed the connection after about 3 of 100 tokens
     wait_until(lambda: all_blocks_free(server), "the aborted request's blocks are free")
-    assert metrics(server)[aborted] == before + 1
+    assert metric(metrics(server), "vllm:request_success_total", finished_reason="abort") == before + 1
 
 
 @pytest.mark.usefixtures("slow_steps")
 def test_non_streaming_client_that_gives_up_is_aborted_too(server):
-    aborted = 'kvcourse:request_finished_total{finished_reason="abort"}'
-    before = metrics(server).get(aborted, 0)
+    before = metric(metrics(server), "vllm:request_success_total", finished_reason="abort")
     body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-    wait_until(lambda: metrics(server).get(aborted, 0) == before + 1, "the server notices the client left")
+    wait_until(
+        lambda: metric(metrics(server), "vllm:request_success_total", finished_reason="abort") == before + 1,
+        "the server notices the client left",
+    )
     wait_until(lambda: all_blocks_free(server), "its blocks are free")
 
 
@@ -246,14 +254,23 @@ BAD_BODIES = [
     ({"prompt": LONG, "max_tokens": 16}, "max_tokens", "context holds 256"),
     ({"prompt": BIG, "max_tokens": 8}, "max_tokens", "--num-blocks 13"),
     ({"prompt": "Hi", "model": "gpt-4"}, "model", "serves 'tiny'"),
-    ({"prompt": "Hi", "temperature": 0.8}, "temperature", "greedy"),
-    ({"prompt": "Hi", "n": 2}, "n", "one completion per request"),
-    ({"prompt": "Hi", "best_of": 3}, "best_of", "best_of to 1"),
-    ({"prompt": "Hi", "logprobs": 1}, "logprobs", "leave logprobs out"),
-    ({"prompt": "Hi", "stop": ["\n"]}, "stop", "stop sequences"),
-    ({"prompt": "Hi", "top_k": 5}, "top_k", "not a parameter"),
-    ({"prompt": ["Hi", "there"]}, "prompt", "one prompt per request"),
+    ({"prompt": "Hi", "temperature": -0.5}, "temperature", "0 (greedy) or more"),
+    ({"prompt": "Hi", "top_p": 0}, "top_p", "(0, 1]"),
+    ({"prompt": "Hi", "top_k": -3}, "top_k", "0 or -1"),
+    ({"prompt": "Hi", "presence_penalty": 2.5}, "presence_penalty", "between -2 and 2"),
+    ({"prompt": "Hi", "n": 0}, "n", "1 to 16"),
+    ({"prompt": "Hi", "n": 2, "best_of": 3}, "best_of", "best_of equal to n"),
+    ({"prompt": "Hi", "logprobs": 6}, "logprobs", "0 to 5"),
+    ({"prompt": "Hi", "echo": True, "logprobs": 1}, "echo", "prompt's logprobs"),
+    ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ({"prompt": "Hi", "stop": [""]}, "stop", "1 to 256 characters"),
+    ({"prompt": "Hi", "min_p": 0.1}, "min_p", "not a parameter"),
+    ({"prompt": "Hi", "logit_bias": {"50": 5}}, "logit_bias", "not supported"),
     ({"prompt": [50257]}, "prompt", "outside the vocabulary"),
+    ({"prompt": [1, True]}, "prompt", "whole numbers"),
+    ({"prompt": "Hi", "max_tokens": True}, "max_tokens", "integer"),
+    ({"prompt": "Hi", "stream": "yes"}, "stream", "boolean"),
+    ({"prompt": "Hi", "seed": 1.5}, "seed", "integer"),
     ({"max_tokens": 4}, "prompt", "required"),
     ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", "integer"),
 ]
@@ -284,8 +301,8 @@ def test_malformed_body_gets_400(server, content):
 
 
 def test_openai_client_sees_bad_request_and_server_keeps_serving(client, server):
-    with pytest.raises(openai.BadRequestError, match="greedy"):
-        client.completions.create(model="tiny", prompt="Hi", max_tokens=4, temperature=1.0)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model="tiny", prompt="Hi", max_tokens=4, temperature=-1.0)
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4).choices[0].finish_reason
     wait_until(lambda: all_blocks_free(server), "nothing is held after the bad requests")
 
@@ -317,7 +334,7 @@ def eos_case(model, tokenizer):
 def test_generation_stops_at_end_of_text_unless_ignore_eos(eos_case):
     server, prompt, greedy, cut = eos_case
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
-    ids = {"return_token_ids": True}
+    ids = {"return_token_ids": True, "temperature": 0}
     stopped = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, extra_body=ids).choices[0]
     assert stopped.finish_reason == "stop" and stopped.model_extra["token_ids"] == greedy[: cut + 1]
     streamed = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=10, stream=True, extra_body=ids))
@@ -335,7 +352,8 @@ def test_prefix_hits_show_in_metrics(eos_case):
         body = {"prompt": prompt, "max_tokens": 2, "ignore_eos": True}
         assert httpx.post(server.url + "/v1/completions", json=body, timeout=WAIT_S).status_code == 200
     values = metrics(server)
-    assert values["kvcourse:prefix_cache_hits"] >= 32 and 0 < values["kvcourse:prefix_cache_hit_rate"] <= 1
+    assert metric(values, "vllm:prefix_cache_hits_total") >= 32
+    assert metric(values, "vllm:prefix_cache_queries_total") >= 80
 
 
 def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(eos_case):
@@ -347,7 +365,7 @@ def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(eos_case
         raise RuntimeError("simulated device fault")
 
     runner.execute = broken_execute
-    body = {"prompt": prompt, "max_tokens": 5, "ignore_eos": True}
+    body = {"prompt": prompt, "max_tokens": 5, "ignore_eos": True, "temperature": 0}
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=WAIT_S)
     assert response.status_code == 500 and "simulated device fault" in response.json()["error"]["message"]
     wait_until(lambda: all_blocks_free(server), "the failed request's blocks are free")

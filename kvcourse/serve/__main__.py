@@ -12,7 +12,8 @@ import sys
 
 import uvicorn
 
-from kvcourse.serve.server import LOOPBACK, build_app
+from kvcourse.serve.app import MAX_BODY_BYTES
+from kvcourse.serve.server import LOOPBACK, build_app, exposure_warning
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -23,7 +24,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
     parser.add_argument("--token-budget", type=int, default=512, help="tokens the model runs per step (default 512)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="requests running at once (default 16)")
-    parser.add_argument("--enable-prefix-caching", action="store_true", help="share prompt blocks between requests")
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share prompt blocks between requests and between a request's n completions (default on, as vLLM v1)",
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=MAX_BODY_BYTES, help=f"larger request bodies get a 413 ({MAX_BODY_BYTES})"
+    )
+    parser.add_argument(
+        "--enable-debug-blocks",
+        action="store_true",
+        help="serve /debug/blocks even when bound beyond loopback (it shows every request's block table)",
+    )
     parser.add_argument(
         "--attention",
         default=None,
@@ -39,6 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Build the engine, then serve until Ctrl-C."""
     args = parse_args(argv)
+    warning = exposure_warning(args.host)
+    debug = warning is None or args.enable_debug_blocks
+    if warning is not None:
+        print(f"{warning} /debug/blocks is {'on' if debug else 'off (--enable-debug-blocks turns it on)'}.", file=sys.stderr)
     try:
         app = build_app(
             args.model,
@@ -48,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_size=args.max_batch_size,
             enable_prefix_caching=args.enable_prefix_caching,
             attention=args.attention,
+            max_body_bytes=args.max_body_bytes,
+            debug_endpoints=debug,
         )
     except ValueError as exc:
         print(f"kvcourse.serve: {exc}", file=sys.stderr)

@@ -1,13 +1,16 @@
 """The HTTP front end: an OpenAI-compatible completions server on the learner's own engine.
 
-    POST /v1/completions   prompt (text or token ids) -> greedy completion, streamed as server-sent events
+    POST /v1/completions   prompt(s) -> completion(s), sampled per request, streamed as server-sent events
     GET  /v1/models        the one model served
     GET  /health           200 while the engine loop runs, with its counters
-    GET  /metrics          Prometheus text: running, waiting, KV usage, preemptions, prefix hits, TTFT, TPOT
-    GET  /debug/blocks     the block-table snapshot (kvcourse.viz.widgets) between two steps
+    GET  /metrics          Prometheus text under vLLM's metric names (kvcourse/serve/metrics.py)
+    GET  /debug/blocks     the block-table snapshot (kvcourse.viz.widgets) between two steps (loopback only by default)
 
 vLLM's `vllm serve` is the model (FastAPI on uvicorn, `data: {...}` chunks, `data: [DONE]`).
-Handlers validate, tokenize and wait; only the engine loop's thread touches the engine.
+Handlers validate and wait; only the engine loop's thread touches the engine. Nothing a client sends
+can stall the event loop: the body is read up to a size limit (413 beyond it, before reading more),
+only application/json is accepted, and parsing, checking and tokenizing run in a worker thread with
+the prompt's length bounded before the tokenizer sees it. Every refusal is OpenAI's error shape.
 """
 
 from __future__ import annotations
@@ -23,26 +26,42 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvcourse.kv_cache_interface import blocks_needed
 from kvcourse.serve.blocks import snapshot_to_json, take_snapshot
-from kvcourse.serve.detokenize import IncrementalDetokenizer
-from kvcourse.serve.loop import EngineLoop, RequestOutput, RequestStream
+from kvcourse.serve.detokenize import decode
+from kvcourse.serve.loop import EngineLoop, RequestStream
 from kvcourse.serve.metrics import ServerMetrics
 from kvcourse.serve.protocol import (
     SUPPORTED,
     CompletionRequest,
+    Plan,
     ServeError,
-    check_sampling,
-    completion_body,
-    one_prompt,
-    usage_body,
+    check_parameters,
+    excerpt,
+    prompts_of,
 )
+from kvcourse.serve.reply import Reply
+
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full context of token ids is ~10 KB of JSON
+CHARS_PER_TOKEN_BOUND = 32  # a string prompt longer than context x this cannot fit: refused before tokenizing
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-def create_app(engine: Any, tokenizer: Any, model_name: str) -> FastAPI:
-    """A FastAPI app serving `engine` (an LLMEngine); the engine loop starts and stops with the app."""
-    engine_loop = EngineLoop(engine, ServerMetrics())
+def create_app(
+    engine: Any,
+    tokenizer: Any,
+    model_name: str,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    debug_endpoints: bool = True,
+) -> FastAPI:
+    """A FastAPI app serving `engine` (an LLMEngine); the engine loop starts and stops with the app.
+
+    debug_endpoints: serve /debug/blocks (turn it off on a server others can reach).
+    """
+    engine_loop = EngineLoop(engine, ServerMetrics(model_name))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -58,18 +77,46 @@ def create_app(engine: Any, tokenizer: Any, model_name: str) -> FastAPI:
     async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(raw: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """404, 405... in OpenAI's error shape too."""
+        message = f"{raw.method} {excerpt(raw.url.path)}: {exc.detail}."
+        if exc.status_code == 404:
+            message += " This server answers POST /v1/completions, GET /v1/models, /health and /metrics."
+        error = ServeError(message, code=HTTP_CODES.get(exc.status_code, "http_error"), status=exc.status_code)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
-        req = parse_completion_request(await raw.body())
-        prompt_tokens = check_request(req, engine, tokenizer, model_name)
-        stream = RequestStream(asyncio.get_running_loop())
+        check_content_type(raw)
+        body = await read_body(raw, max_body_bytes)
+        req, plan, prompts, echo = await asyncio.to_thread(prepare, body, engine, tokenizer, model_name)
+        children = [(tokens, params) for tokens in prompts for params in plan.params]
+        stream = RequestStream(asyncio.get_running_loop(), len(children))
         eos = None if req.ignore_eos else getattr(tokenizer, "eos_token_id", None)
-        request = await submit(engine_loop, prompt_tokens, req.max_tokens, stream, eos)
-        reply = Reply(req, model_name, f"cmpl-{request.id}", prompt_tokens, tokenizer)
+        requests = await submit(engine_loop, children, req.max_tokens, stream, eos)
+        ids = [r.id for r in requests]
+        reply = Reply(
+            f"cmpl-{ids[0]}",
+            model_name,
+            prompts,
+            plan.n,
+            tokenizer,
+            plan.stop,
+            plan.logprobs,
+            echo,
+            req.return_token_ids,
+        )
+
+        def abort_all() -> None:
+            for rid in ids:
+                engine_loop.abort(rid)  # a no-op for a request that finished
+
         if req.stream:
-            events = stream_events(reply, stream, engine_loop, request.id)
-            return AbortOnDisconnect(events, on_disconnect=lambda: engine_loop.abort(request.id))
-        return JSONResponse(await collect(reply, stream, engine_loop, request.id, raw))
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            events = stream_events(reply, stream, engine_loop, ids, include_usage)
+            return AbortOnDisconnect(events, on_disconnect=abort_all)
+        return JSONResponse(await collect(reply, stream, engine_loop, ids, raw, abort_all))
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -88,6 +135,13 @@ def create_app(engine: Any, tokenizer: Any, model_name: str) -> FastAPI:
 
     @app.get("/debug/blocks")
     async def debug_blocks() -> dict:
+        if not debug_endpoints:
+            raise ServeError(
+                "/debug/blocks is off on this server (it is bound beyond 127.0.0.1, and the block tables show "
+                "other clients' requests): restart it with --enable-debug-blocks to turn it on.",
+                code="forbidden",
+                status=403,
+            )
         state = engine_loop.state
         label = f"step {state.steps}: running {list(state.running_ids)}, {state.num_waiting} waiting"
         snap = await asyncio.wrap_future(engine_loop.call(lambda: take_snapshot(engine, label)))
@@ -97,47 +151,89 @@ def create_app(engine: Any, tokenizer: Any, model_name: str) -> FastAPI:
 
 
 # ---------------------------------------------------------------------- request in
+def check_content_type(raw: Request) -> None:
+    """Only JSON bodies: a web page can POST text/plain to localhost without asking, but not application/json."""
+    media_type = raw.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ServeError(
+            f"the request's Content-Type is {excerpt(media_type or 'missing')}; send the JSON body with "
+            "'Content-Type: application/json' (curl: -H 'Content-Type: application/json').",
+            code="invalid_content_type",
+        )
+
+
+async def read_body(raw: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to be longer than `limit` (by its header, or while reading)."""
+    too_large = ServeError(
+        f"the request body is larger than this server's limit of {limit} bytes: send a shorter prompt "
+        "(a whole context of token ids is only a few kilobytes).",
+        code="request_too_large",
+        status=413,
+    )
+    declared = raw.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in raw.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def prepare(
+    body: bytes, engine: Any, tokenizer: Any, model_name: str
+) -> tuple[CompletionRequest, Plan, list[list[int]], list[str] | None]:
+    """In a worker thread: the checked request, its plan, each prompt's token ids, and the echo texts (if asked)."""
+    req = parse_completion_request(body)
+    if req.model is not None and req.model != model_name:
+        raise ServeError(
+            f"model {excerpt(req.model)} is not served here; this server serves {model_name!r} (see GET /v1/models).",
+            "model",
+            "model_not_found",
+        )
+    plan = check_parameters(req)
+    context = int(engine.max_positions)
+    prompts = prompts_of(req.prompt, context * CHARS_PER_TOKEN_BOUND, context)
+    token_lists = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    vocab = int(engine.model.config.vocab_size)
+    for tokens in token_lists:
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise ServeError(f"prompt has token ids outside the vocabulary [0, {vocab}): {excerpt(bad[:5])}.", "prompt")
+        check_fits(len(tokens), req.max_tokens, engine)
+    echo = None
+    if req.echo:
+        echo = [p if isinstance(p, str) else decode(tokenizer, t) for p, t in zip(prompts, token_lists)]
+    return req, plan, token_lists, echo
+
+
 def parse_completion_request(body: bytes) -> CompletionRequest:
-    """The JSON body as a CompletionRequest, or a 400 that names the field and the fix."""
+    """The JSON body as a CompletionRequest, or a 400 that names the field and the fix (quoting little of it)."""
     try:
         data = json.loads(body)
+    except RecursionError:
+        raise ServeError("the request body nests JSON too deeply: a completion request is a flat object.") from None
     except ValueError as exc:
-        raise ServeError(f"the request body is not valid JSON ({exc}).", code="invalid_json") from None
+        reason = str(exc).splitlines()[0][:120]
+        raise ServeError(f"the request body is not valid JSON ({reason}).", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ServeError('the request body must be a JSON object, e.g. {"prompt": "Hello", "max_tokens": 8}.')
     try:
         return CompletionRequest.model_validate(data)
+    except RecursionError:
+        raise ServeError("the request nests JSON too deeply: a completion request is a flat object.") from None
     except ValidationError as exc:
         error = exc.errors()[0]
-        field = ".".join(str(part) for part in error["loc"]) or None
+        field = excerpt(".".join(str(part) for part in error["loc"][:2])).strip("'") or None
         if error["type"] == "extra_forbidden":
             raise ServeError(
                 f"{field} is not a parameter this server knows. {SUPPORTED}", field, "unknown_parameter"
             ) from None
         if error["type"] == "missing":
             raise ServeError(f"{field} is required.", field, "missing_parameter") from None
-        raise ServeError(f"{field}: {error['msg']} (got {error.get('input')!r}).", field) from None
-
-
-def check_request(req: CompletionRequest, engine: Any, tokenizer: Any, model_name: str) -> list[int]:
-    """Refuse what can never be served (saying what to change); return the prompt's token ids."""
-    if req.model is not None and req.model != model_name:
-        raise ServeError(
-            f"model {req.model!r} is not served here; this server serves {model_name!r} (see GET /v1/models).",
-            "model",
-            "model_not_found",
-        )
-    check_sampling(req)
-    if req.max_tokens < 1:
-        raise ServeError(f"max_tokens is {req.max_tokens}; ask for 1 token or more.", "max_tokens")
-    prompt = one_prompt(req)
-    tokens = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    vocab = int(engine.model.config.vocab_size)
-    bad = [t for t in tokens if not 0 <= t < vocab]
-    if bad:
-        raise ServeError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}.", "prompt")
-    check_fits(len(tokens), req.max_tokens, engine)
-    return tokens
+        raise ServeError(f"{field}: {error['msg']} (got {excerpt(error.get('input'))}).", field) from None
 
 
 def check_fits(num_prompt: int, max_tokens: int, engine: Any) -> None:
@@ -163,11 +259,11 @@ def check_fits(num_prompt: int, max_tokens: int, engine: Any) -> None:
 
 
 async def submit(
-    engine_loop: EngineLoop, tokens: list[int], max_tokens: int, stream: RequestStream, eos: int | None
-) -> Any:
-    """Hand the request to the engine thread; its ValueError (the engine's own checks) becomes a 400."""
+    engine_loop: EngineLoop, children: list, max_tokens: int, stream: RequestStream, eos: int | None
+) -> list[Any]:
+    """Hand the completions to the engine thread together; its ValueError (the engine's own checks) becomes a 400."""
     try:
-        return await asyncio.wrap_future(engine_loop.add(tokens, max_tokens, stream, eos))
+        return await asyncio.wrap_future(engine_loop.add_group(children, max_tokens, stream, eos))
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     except RuntimeError as exc:
@@ -175,46 +271,6 @@ async def submit(
 
 
 # ---------------------------------------------------------------------- replies out
-class Reply:
-    """Builds the response objects of one request, turning token ids into text as they come."""
-
-    def __init__(
-        self, req: CompletionRequest, model: str, request_id: str, prompt_tokens: list[int], tokenizer: Any
-    ) -> None:
-        self.req, self.model, self.id, self.prompt_tokens = req, model, request_id, prompt_tokens
-        self.detokenizer = IncrementalDetokenizer(tokenizer)
-
-    @property
-    def usage(self) -> dict[str, int]:
-        return usage_body(len(self.prompt_tokens), len(self.detokenizer.token_ids))
-
-    def chunk(self, output: RequestOutput, first: bool) -> dict[str, Any]:
-        """One streamed `text_completion` chunk for one update."""
-        text = self.detokenizer.add(output.new_token_ids, final=output.finished)
-        ids = self.req.return_token_ids
-        return completion_body(
-            self.id,
-            self.model,
-            text,
-            output.finish_reason if output.finished else None,
-            token_ids=output.new_token_ids if ids else None,
-            prompt_token_ids=self.prompt_tokens if ids and first else None,
-        )
-
-    def whole(self, finish_reason: str | None) -> dict[str, Any]:
-        """The non-streaming answer, once every token is in."""
-        ids = self.req.return_token_ids
-        return completion_body(
-            self.id,
-            self.model,
-            self.detokenizer.text,
-            finish_reason,
-            token_ids=list(self.detokenizer.token_ids) if ids else None,
-            prompt_token_ids=self.prompt_tokens if ids else None,
-            usage=self.usage,
-        )
-
-
 class AbortOnDisconnect(StreamingResponse):
     """A server-sent-event stream that aborts its request the moment the client goes away.
 
@@ -232,7 +288,7 @@ class AbortOnDisconnect(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             watcher.cancel()
-            self.on_disconnect()  # a no-op for a request that finished
+            self.on_disconnect()  # a no-op for requests that finished
 
 
 def sse(data: Any) -> str:
@@ -240,41 +296,62 @@ def sse(data: Any) -> str:
     return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n"
 
 
-async def stream_events(reply: Reply, stream: RequestStream, engine_loop: EngineLoop, rid: int) -> AsyncIterator[str]:
-    """Chunks as tokens are sampled, then [DONE]; a client that goes away aborts its request."""
+async def stream_events(
+    reply: Reply, stream: RequestStream, engine_loop: EngineLoop, ids: list[int], include_usage: bool
+) -> AsyncIterator[str]:
+    """Chunks as tokens are sampled (each names its choice's index), then [DONE]; a client that leaves aborts."""
+    started: set[int] = set()
     try:
-        first = True
-        while True:
+        while not stream.finished:
             output = await stream.get()
             if output.error is not None:
                 yield sse(ServeError(output.error, code="engine_error", status=500).body())
                 break
-            yield sse(reply.chunk(output, first))
-            first = False
-            if output.finished:
-                break
-        options = reply.req.stream_options
-        if options is not None and options.include_usage:
-            yield sse({**completion_body(reply.id, reply.model, "", None), "choices": [], "usage": reply.usage})
-        yield sse("[DONE]")
+            choice = reply.choices[output.index]
+            if choice.done:
+                continue  # a choice a stop string ended: the engine's last word for it changes nothing
+            update = choice.add(output)
+            if update.done and choice.finish_reason == "stop" and not output.finished:
+                engine_loop.finish(ids[output.index], "stop")  # a stop string: the request ends here
+            if update.text or update.token_ids or update.done or output.index not in started:
+                yield sse(reply.chunk(choice, update, first=output.index not in started))
+                started.add(output.index)
+        else:
+            if include_usage:
+                yield sse(reply.usage_chunk())
+            yield sse("[DONE]")
     finally:
         if not stream.finished:
-            engine_loop.abort(rid)  # the client disconnected (this generator was cancelled)
+            for rid in ids:
+                engine_loop.abort(rid)  # the client disconnected (this generator was cancelled), or an error
 
 
-async def collect(reply: Reply, stream: RequestStream, engine_loop: EngineLoop, rid: int, raw: Request) -> dict:
-    """Wait for the whole completion; abort it the moment the client disconnects meanwhile."""
-    watcher = asyncio.create_task(until_disconnected(raw.receive, lambda: engine_loop.abort(rid)))
+async def collect(
+    reply: Reply,
+    stream: RequestStream,
+    engine_loop: EngineLoop,
+    ids: list[int],
+    raw: Request,
+    abort_all: Callable[[], None],
+) -> dict:
+    """Wait for every choice; abort them all the moment the client disconnects meanwhile."""
+    watcher = asyncio.create_task(until_disconnected(raw.receive, abort_all))
     try:
-        while True:
+        while not stream.finished:
             output = await stream.get()
             if output.error is not None:
                 raise ServeError(output.error, code="engine_error", status=500)
-            reply.detokenizer.add(output.new_token_ids, final=output.finished)
-            if output.finished:
-                return reply.whole(output.finish_reason)
+            choice = reply.choices[output.index]
+            if choice.done:
+                continue
+            update = choice.add(output)
+            if update.done and choice.finish_reason == "stop" and not output.finished:
+                engine_loop.finish(ids[output.index], "stop")
+        return reply.whole()
     finally:
         watcher.cancel()
+        if not stream.finished:
+            abort_all()
 
 
 async def until_disconnected(receive: Any, on_disconnect: Callable[[], None]) -> None:

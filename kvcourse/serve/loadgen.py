@@ -46,7 +46,7 @@ class RequestResult:
 
 
 async def _one(
-    client: Any, model: str, index: int, prompt: Any, max_tokens: int, extra: dict, t0: float
+    client: Any, model: str, index: int, prompt: Any, max_tokens: int, extra: dict, t0: float, sampling: dict
 ) -> RequestResult:
     """Send one streaming completion and time its chunks (times are seconds since t0)."""
     start = time.perf_counter()
@@ -56,7 +56,7 @@ async def _one(
         model=model,
         prompt=prompt,
         max_tokens=max_tokens,
-        temperature=0,
+        **sampling,
         stream=True,
         stream_options={"include_usage": True},
         extra_body=extra,
@@ -100,8 +100,13 @@ async def run_load_async(
     concurrency: int | None = None,
     return_token_ids: bool = True,
     timeout: float = 300.0,
+    sampling: dict[str, Any] | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Fire every prompt (at its arrival time, or all at once; at most `concurrency` in flight); results, seconds."""
+    """Fire every prompt (at its arrival time, or all at once; at most `concurrency` in flight); results, seconds.
+
+    sampling: the sampling parameters of every request (default greedy, {"temperature": 0}, so outputs
+    compare with Hugging Face's); a "seed" in it becomes seed + the request's index.
+    """
     import openai
 
     lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
@@ -111,6 +116,11 @@ async def run_load_async(
             f"{len(prompts)} prompts, {len(lengths)} max_tokens and {len(starts)} arrivals: give one of each per prompt."
         )
     extra = {"ignore_eos": True, **({"return_token_ids": True} if return_token_ids else {})}
+    base = {"temperature": 0} if sampling is None else dict(sampling)
+
+    def per_request(i: int) -> dict[str, Any]:
+        return {**base, "seed": base["seed"] + i} if base.get("seed") is not None else base
+
     limit = asyncio.Semaphore(concurrency or len(prompts) or 1)
     client = openai.AsyncOpenAI(base_url=base_url, api_key="none", timeout=timeout, max_retries=0)
     t0 = time.perf_counter()
@@ -118,7 +128,7 @@ async def run_load_async(
     async def client_at(i: int) -> RequestResult:
         await asyncio.sleep(max(0.0, t0 + starts[i] - time.perf_counter()))
         async with limit:
-            return await _one(client, model, i, prompts[i], lengths[i], extra, t0)
+            return await _one(client, model, i, prompts[i], lengths[i], extra, t0, per_request(i))
 
     try:
         results = await asyncio.wait_for(asyncio.gather(*(client_at(i) for i in range(len(prompts)))), timeout)

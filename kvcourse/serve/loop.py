@@ -4,6 +4,11 @@ vLLM splits its server the same way (AsyncLLM in the API process, EngineCore ste
 loop): HTTP handlers never touch the engine. They post commands (add a request, abort one) to an
 inbox; the loop thread runs them between steps, steps once, and hands every request's newly
 sampled tokens to that request's stream, which its handler reads in the event loop.
+
+A request with n > 1 completions (or several prompts) is a group of child requests added in one
+command, as vLLM v1's ParentRequest fans out: the children of a prompt are scheduled in the same step,
+so with prefix caching on the first computes the prompt's full blocks and the others hit them. They
+share one stream; each output says which child (`index`) it is for.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvcourse.request import Request, RequestStatus
+from kvcourse.sampler import SamplingParams, TokenLogprobs
 from kvcourse.serve.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -35,16 +41,19 @@ class RequestOutput:
 
     new_token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None  # "length", "stop" (end of text), "abort" or "error"
+    finish_reason: str | None = None  # "length", "stop" (end of text or a stop string), "abort" or "error"
     error: str | None = None
+    index: int = 0  # which completion of the request (the choice's index)
+    logprobs: list[TokenLogprobs | None] | None = None  # one per new token, when the request asked for them
 
 
 class RequestStream:
-    """The server's side of one request: a queue in the event loop, fed from the engine thread."""
+    """The server's side of one request (all its completions): a queue in the event loop, fed from the engine thread."""
 
-    def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, event_loop: asyncio.AbstractEventLoop, num_children: int = 1) -> None:
         self._event_loop = event_loop
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._unfinished = num_children
         self.finished = False
 
     def put(self, output: RequestOutput) -> None:
@@ -54,7 +63,8 @@ class RequestStream:
     async def get(self) -> RequestOutput:
         """The next update; the last one has finished=True."""
         output = await self._queue.get()
-        self.finished = self.finished or output.finished
+        self._unfinished -= output.finished
+        self.finished = self._unfinished <= 0
         return output
 
 
@@ -66,8 +76,11 @@ class _Tracked:
     stream: RequestStream
     arrival: float
     eos_token_id: int | None  # stop here unless ignore_eos (None: never stop early)
+    index: int = 0  # the choice this request answers
+    wants_logprobs: bool = False
     sent: int = 0
     first_token_at: float | None = None
+    last_token_at: float | None = None
     aborted: bool = False
 
 
@@ -146,23 +159,56 @@ class EngineLoop:
             self._wakeup.notify()
         return future
 
-    def add(self, prompt_tokens: list[int], max_tokens: int, stream: RequestStream, eos_token_id: int | None) -> Future:
+    def add(
+        self,
+        prompt_tokens: list[int],
+        max_tokens: int,
+        stream: RequestStream,
+        eos_token_id: int | None,
+        sampling_params: SamplingParams | None = None,
+    ) -> Future:
         """Queue a request; the Future gives the engine's Request, or the engine's ValueError in words."""
+        future: Future = Future()
+        group = self.add_group([(prompt_tokens, sampling_params)], max_tokens, stream, eos_token_id)
+        group.add_done_callback(lambda f: _copy_outcome(f, future, lambda requests: requests[0]))
+        return future
+
+    def add_group(
+        self,
+        children: list[tuple[list[int], SamplingParams | None]],
+        max_tokens: int,
+        stream: RequestStream,
+        eos_token_id: int | None,
+    ) -> Future:
+        """Queue the completions of one HTTP request together (child i answers choice i); the Future gives them."""
         arrival = time.monotonic()
 
-        def add_request() -> Request:
-            request = self.engine.add_request(prompt_tokens, max_tokens)
-            if eos_token_id is not None:
-                request.eos_token_id = eos_token_id  # the scheduler finishes a request at its end-of-text
-            self._tracked[request.id] = _Tracked(request, stream, arrival, eos_token_id)
-            self.metrics.prompt_tokens.inc(len(prompt_tokens))
-            return request
+        def add_requests() -> list[Request]:
+            requests = []
+            try:
+                for index, (tokens, params) in enumerate(children):
+                    request = self.engine.add_request(tokens, max_tokens, params)
+                    if eos_token_id is not None:
+                        request.eos_token_id = eos_token_id  # the scheduler finishes a request at its end-of-text
+                    wants = params is not None and params.logprobs is not None
+                    self._tracked[request.id] = _Tracked(request, stream, arrival, eos_token_id, index, wants)
+                    requests.append(request)
+            except BaseException:
+                for request in requests:  # all or nothing: no orphan child keeps running
+                    self._tracked.pop(request.id, None)
+                    _abort_in_engine(self.engine, request)
+                raise
+            return requests
 
-        return self.call(add_request)
+        return self.call(add_requests)
 
     def abort(self, request_id: int) -> None:
         """Stop a request (its client went away): its blocks go back before the next step runs."""
         self.call(lambda: self._abort(request_id, "abort"))
+
+    def finish(self, request_id: int, reason: str) -> None:
+        """End a request the server has seen enough of (a stop string, finish_reason "stop"): its blocks go back."""
+        self.call(lambda: self._abort(request_id, reason))
 
     # ------------------------------------------------------------------ the loop (engine thread only)
     def _run(self) -> None:
@@ -247,13 +293,26 @@ class EngineLoop:
             if new and tracked.first_token_at is None:
                 tracked.first_token_at = now
                 self.metrics.ttft.observe(now - tracked.arrival)
+                self.metrics.prompt_tokens.inc(request.num_prompt_tokens)  # counted at the first token, as vLLM
+            elif new and tracked.last_token_at is not None:
+                self.metrics.itl.observe(now - tracked.last_token_at)
+            if new:
+                tracked.last_token_at = now
+            logprobs = self._logprobs(tracked, len(new))
             tracked.sent += len(new)
             self.metrics.generation_tokens.inc(len(new))
             if _settled(request):
                 reason, error = self._finish_reason(tracked)
-                self._close(rid, RequestOutput(new, True, reason, error), now)
+                self._close(rid, RequestOutput(new, True, reason, error, tracked.index, logprobs), now)
             elif new:
-                tracked.stream.put(RequestOutput(new))
+                tracked.stream.put(RequestOutput(new, index=tracked.index, logprobs=logprobs))
+
+    def _logprobs(self, tracked: _Tracked, count: int) -> list[TokenLogprobs | None] | None:
+        """The sampler's logprobs of a request's next `count` tokens (None unless it asked for them)."""
+        if not tracked.wants_logprobs:
+            return None
+        recorded = self.engine.runner.sampler.logprobs(tracked.request.id)
+        return [recorded.get(position) for position in range(tracked.sent, tracked.sent + count)]
 
     def _finish_reason(self, tracked: _Tracked) -> tuple[str, str | None]:
         """Why a finished request ended: its length, its end-of-text, or an error (with words)."""
@@ -273,16 +332,19 @@ class EngineLoop:
         _abort_in_engine(self.engine, tracked.request)
         tracked.aborted = True
         new = list(tracked.request.output_tokens[tracked.sent :]) if reason != "error" else []
+        logprobs = self._logprobs(tracked, len(new))
         tracked.sent += len(new)
         self._publish()
-        self._close(request_id, RequestOutput(new, True, reason, error), time.monotonic())
+        self._close(request_id, RequestOutput(new, True, reason, error, tracked.index, logprobs), time.monotonic())
 
     def _close(self, request_id: int, output: RequestOutput, now: float) -> None:
         """Record the request's latencies, send its last update, forget it."""
         tracked = self._tracked.pop(request_id)
-        self.metrics.finished.labels(output.finish_reason).inc()
-        if tracked.first_token_at is not None and tracked.sent > 1 and output.finish_reason in ("length", "stop"):
-            self.metrics.tpot.observe((now - tracked.first_token_at) / (tracked.sent - 1))
+        self.metrics.finished(output.finish_reason)
+        if output.finish_reason in ("length", "stop"):
+            self.metrics.e2e.observe(now - tracked.arrival)
+            if tracked.first_token_at is not None and tracked.sent > 1:
+                self.metrics.tpot.observe((now - tracked.first_token_at) / (tracked.sent - 1))
         tracked.stream.put(output)  # last: the client sees its answer only once the metrics count it
 
     def _publish(self, alive: bool = True) -> None:
@@ -305,6 +367,14 @@ class EngineLoop:
             running_ids=running,
         )
         self.metrics.update(self.state, manager.prefix_cache_stats)
+
+
+def _copy_outcome(source: Future, target: Future, transform: Callable[[Any], Any]) -> None:
+    """Resolve `target` as `source` resolved (its result transformed, or its exception)."""
+    if source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(transform(source.result()))
 
 
 def _settled(request: Request) -> bool:

@@ -6,6 +6,7 @@ with ServerThread(build_app(model="tiny", num_blocks=64)) as server:   # a free 
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -14,9 +15,21 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from kvcourse.serve.app import create_app
+from kvcourse.serve.app import MAX_BODY_BYTES, create_app
 
 LOOPBACK = "127.0.0.1"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+log = logging.getLogger("kvcourse.serve")
+
+
+def exposure_warning(host: str) -> str | None:
+    """What to tell someone who binds the server beyond this machine (None on loopback)."""
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return None
+    return (
+        f"kvcourse.serve: listening on {host}, beyond this machine: anyone who can reach the port can use the "
+        "model (there is no authentication) and, with debug endpoints on, read every request's block table."
+    )
 
 
 def build_app(
@@ -26,14 +39,18 @@ def build_app(
     block_size: int = 16,
     token_budget: int = 512,
     max_batch_size: int = 16,
-    enable_prefix_caching: bool = False,
+    enable_prefix_caching: bool = True,
     attention: str | None = None,
     tokenizer: Any = None,
     model_name: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    debug_endpoints: bool = True,
 ) -> FastAPI:
     """An app serving GPT-2 (`model` is "tiny", "gpt2"... or a loaded model) through a fresh LLMEngine.
 
+    enable_prefix_caching: on by default, as in vLLM v1: the n completions of one prompt share its blocks.
     attention: the engine's backend (None: the engine's default; "reference" runs your exercises 5.2-5.3).
+    max_body_bytes: larger request bodies get a 413. debug_endpoints: serve /debug/blocks.
     """
     from kvcourse.engine import LLMEngine
     from kvcourse.models import load_gpt2, load_tokenizer
@@ -53,7 +70,7 @@ def build_app(
         tokenizer=tokenizer,
         **options,
     )
-    return create_app(engine, tokenizer, name)
+    return create_app(engine, tokenizer, name, max_body_bytes=max_body_bytes, debug_endpoints=debug_endpoints)
 
 
 class ServerThread:
@@ -65,6 +82,8 @@ class ServerThread:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))  # bound now, so the port is ours before uvicorn starts
         self.host, self.port = self._socket.getsockname()[:2]
+        if (warning := exposure_warning(host)) is not None:
+            log.warning(warning)
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name="kvcourse-uvicorn", daemon=True)
