@@ -17,7 +17,7 @@ from kvcourse.course.colab import REPOSITORY  # noqa: E402  (the one address: Co
 
 project = "kvcourse"
 author = "the kvcourse authors"
-html_title = "kvcourse: how an LLM serving engine manages KV-cache memory"
+html_title = "kvcourse"
 root_doc = "index"
 extensions = ["myst_nb"]
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
-from execute_notebooks import FRAMES_KEY, WIDGET_VIEW, decode_frames  # noqa: E402
+from widget_frames import FRAMES_KEY, WIDGET_STATE, WIDGET_VIEW, decode_frames  # noqa: E402
 
 from kvcourse.course.colab import REPOSITORY  # noqa: E402
 
@@ -37,7 +37,6 @@ BOOK = ROOT / "book"
 OUT = ROOT / "build" / "site"
 STAGE = ROOT / "build" / "site-src"
 DOCTREES = ROOT / "build" / "site-doctrees"
-WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # README sections that become pages: (heading, page name).
 README_PAGES = (("Teaching a class", "teaching"), ("Serve it", "serve"))
 # What a page may not load from elsewhere: <script src>, <link href> (styles, fonts, icons), CSS url()/@import.
@@ -62,11 +61,11 @@ def readme_section(readme: str, heading: str) -> str:
 
 
 def readme_intro(readme: str) -> str:
-    """The README's opening paragraphs: what the course is and who it is for."""
+    """The README's title and opening paragraphs: what the course is and who it is for."""
     match = re.search(r"^# .*?$\n(.*?)(?=^## )", readme, re.MULTILINE | re.DOTALL)
     if not match:
         raise SiteError("README.md has no title and opening paragraphs before its first '## ' section.")
-    return match.group(1).strip() + "\n"
+    return match.group(0).strip() + "\n"
 
 
 def repository_links(markdown: str) -> str:

@@ -9,28 +9,24 @@ with those outputs (what nbval then checks). Pass either the .py or the .ipynb p
 Widgets are stored twice, for viewers without a kernel (the course's website, `./course book`):
 ipywidgets' embedded state in the notebook's metadata (`widgets`, as JupyterLab's "Save Widget State"
 writes it), and, for every block-table widget, each step of its run drawn as static HTML in its output's
-metadata (`kvcourse`: `steps`, and `frames_zlib`, the JSON list of frames zlib-compressed and base64-encoded,
-as images are stored: a long run's frames are megabytes of HTML, and a few percent of that compressed). The
-picture is drawn in Python, so without the frames a page could show only the step on screen when the cell ran.
+metadata (scripts/widget_frames.py says how). The picture is drawn in Python, so without the frames a page
+could show only the step on screen when the cell ran.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import sys
-import zlib
 from pathlib import Path
 
 import jupytext
 import nbformat
 from nbclient import NotebookClient
+from widget_frames import store_frames  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-FRAMES_KEY = "kvcourse"  # output metadata: {"steps": N, "frames_zlib": ...} (nbval does not compare metadata)
 
 # Run in the kernel after the notebook's own cells: every block-table widget still alive, by model id.
 _COLLECT_FRAMES = """\
@@ -42,39 +38,6 @@ print(_json.dumps({
     if isinstance(_w, _BlockTableWidget) and _w.model_id
 }))
 """
-
-
-def _widget_outputs(notebook: nbformat.NotebookNode):
-    """Every output that displays a widget, with that widget's model id."""
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            view = output.get("data", {}).get(WIDGET_VIEW)
-            if view:
-                yield output, view["model_id"]
-
-
-def encode_frames(frames: list[str]) -> dict:
-    """A widget's frames as stored in its output's metadata: the step count and the compressed list."""
-    packed = zlib.compress(json.dumps(frames, ensure_ascii=False).encode(), 9)
-    return {"steps": len(frames), "frames_zlib": base64.b64encode(packed).decode("ascii")}
-
-
-def decode_frames(stored: dict) -> list[str]:
-    """The frames back from `encode_frames`'s form (what the website's build reads)."""
-    frames = json.loads(zlib.decompress(base64.b64decode(stored["frames_zlib"])).decode())
-    if len(frames) != stored["steps"]:
-        raise ValueError(f"stored frames say {stored['steps']} steps but hold {len(frames)}: re-execute the notebook.")
-    return frames
-
-
-def store_frames(notebook: nbformat.NotebookNode, frames: dict[str, list[str]]) -> int:
-    """Put each block-table widget's frames into the metadata of the output that shows it; how many."""
-    stored = 0
-    for output, model_id in _widget_outputs(notebook):
-        if model_id in frames:
-            output.setdefault("metadata", {})[FRAMES_KEY] = encode_frames(frames[model_id])
-            stored += 1
-    return stored
 
 
 def _read_frames(cell: nbformat.NotebookNode) -> dict[str, list[str]]:

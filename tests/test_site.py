@@ -22,6 +22,8 @@ import http.server
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -395,7 +397,7 @@ def test_readme_sections_become_pages_and_relative_links_point_at_the_repository
     assert body.startswith("See") and "## Next" not in body
     fixed = build_site.repository_links(body)
     assert f"[the guide]({REPOSITORY}/blob/main/CONTRIBUTING.md)" in fixed and "(https://a.b/c)" in fixed
-    assert build_site.readme_intro(readme) == "Intro.\n"
+    assert build_site.readme_intro(readme) == "# T\n\nIntro.\n"
     with pytest.raises(build_site.SiteError, match="no '## Serve it' section"):
         build_site.readme_section(readme, "Serve it")
 
@@ -428,7 +430,7 @@ def test_external_assets_are_found(tmp_path: Path) -> None:
 def test_a_widget_output_becomes_a_stepper_with_its_frames(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     import nbformat
-    from execute_notebooks import encode_frames, store_frames
+    from widget_frames import encode_frames, store_frames
 
     frames = [f'<div class="kv-widget" data-step="{i}">{i}</div>' for i in range(3)]
     view = {"model_id": "m1", "version_major": 2, "version_minor": 0}
@@ -449,3 +451,44 @@ def test_a_widget_output_becomes_a_stepper_with_its_frames(tmp_path: Path) -> No
     assert other.data["text/html"] == (
         '<div class="kv-static-widget" data-model-id="m2" data-kind=""><b>live table</b></div>'
     )
+
+
+# -- publishing -------------------------------------------------------------------------------------------------
+WORKFLOW = ROOT / ".github" / "workflows" / "pages.yml"
+
+
+def test_the_pages_workflow_builds_the_site_and_deploys_it_on_pushes_to_main() -> None:
+    """Parsed, not run (GitHub's runners are not reachable from here): the triggers, rights and steps Pages needs."""
+    import yaml
+
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as True
+    assert triggers["push"]["branches"] == ["main"]
+    assert workflow["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+    build, deploy = workflow["jobs"]["build"], workflow["jobs"]["deploy"]
+    runs = [step["run"] for step in build["steps"] if "run" in step]
+    uses = {step["uses"].split("@")[0]: step for step in build["steps"] if "uses" in step}
+    assert any("scripts/build_site.py" in run for run in runs), "the workflow does not run the site's build"
+    out = build_site.OUT.relative_to(ROOT).as_posix()
+    assert any(f"--out {out}" in run for run in runs) and uses["actions/upload-pages-artifact"]["with"]["path"] == out
+    install = next(run for run in runs if "pip install" in run)
+    assert "-c requirements/ci.lock" in install
+    lock = {line.split("==")[0].lower() for line in (ROOT / "requirements" / "ci.lock").read_text().splitlines()}
+    packages = [
+        word
+        for word in install.split()
+        if re.fullmatch(r"[a-z][a-z0-9-]+", word) and word not in ("python", "pip", "install")
+    ]
+    assert packages and all(name in lock for name in packages), (
+        f"the workflow installs packages the lock does not pin: {packages}"
+    )
+    assert deploy["needs"] == "build" and deploy["environment"]["name"] == "github-pages"
+    assert [step["uses"].split("@")[0] for step in deploy["steps"]] == ["actions/deploy-pages"]
+
+
+def test_the_pages_workflow_passes_actionlint() -> None:
+    actionlint = shutil.which("actionlint")
+    if actionlint is None:
+        pytest.skip("actionlint is not installed (it is not a course dependency): the workflow is YAML-checked above")
+    result = subprocess.run([actionlint, "-no-color", "-oneline", str(WORKFLOW)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
