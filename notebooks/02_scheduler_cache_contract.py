@@ -92,6 +92,22 @@ from kvcourse.viz import diagrams
 # only talks to the manager through a few methods, the mock manager of this notebook and the paged
 # allocator you build in notebook 03 are interchangeable.
 #
+# **This policy is the source lesson's, not vLLM's.** "Decodes first, then one prefill chunk, then
+# admissions" is the stall-free batching of Sarathi-Serve (Agrawal et al., OSDI '24): running decodes
+# never wait behind a prefill. vLLM's `schedule()` (`vllm/v1/core/sched/scheduler.py` ·
+# `Scheduler.schedule`) has no phases at all: every request just has tokens it still needs to compute.
+#
+# | | this course (`StallFreeScheduler`) | vLLM v1 (`Scheduler.schedule`) |
+# |---|---|---|
+# | order within a step | every decode, then at most one running prefill's chunk, then admissions | running requests in their queue order (a decode or the next chunk, whichever each needs), then waiting requests |
+# | prefills in flight | one chunked prefill at a time | as many as the budget allows (`long_prefill_token_threshold` caps one prompt's chunk) |
+# | a decode behind a long prefill | never: decodes are planned first | possible when the prefilling request is ahead of it in the running queue (newer requests sit behind, so usually not) |
+# | admission | the first chunk must fit | the whole prompt must fit (`scheduler_reserve_full_isl`, on by default) |
+# | a preemption this step | nobody is admitted | nobody is admitted |
+#
+# Both stop at the head of the waiting queue (first come, first served) and preempt the newest running
+# request. Notebook 09 runs both orders on one batch.
+#
 # Each step, three parties talk:
 
 # %%
@@ -508,7 +524,9 @@ plt.show()
 # of them free at once for the large one; it runs only when the stream dries up (and, in a server, it
 # never does). vLLM v1 admits **first come, first served**: when the head of the queue cannot be
 # allocated, admission stops for this step. The blocks that small requests give back then accumulate
-# until the head fits.
+# until the head fits. (vLLM is also stricter about what "can be allocated" means: with
+# `scheduler_reserve_full_isl`, on by default, the head is admitted only when blocks for its whole
+# prompt are free, not just for its first chunk as here.)
 #
 # ### Exercise 2.6: first-come, first-served admission
 #

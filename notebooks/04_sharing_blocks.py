@@ -17,7 +17,7 @@
 # | hash once per request, extend as it grows | `KVCacheManager._block_hashes` | 4.2 |
 # | prefix-cache lookup | `BlockPool.get_cached_block`, `KVCacheManager.get_computed_blocks` | 4.3 |
 # | freed but not forgotten: LRU eviction | `BlockPool._maybe_evict_cached_block` | 4.4 |
-# | fork and copy-on-write for parallel sampling | `KVCacheManager.fork`, `_copy_on_write` | 4.5 |
+# | fork and copy-on-write for parallel sampling | `KVCacheManager.fork`, `_copy_on_write`, `take_pending_copies` | 4.5 |
 # | the copy-on-write decision | `KVCacheManager._shared_blocks_to_write` | 4.6 |
 #
 # All in `kvcourse/kv_cache.py`, where your lesson 03 code already lives: sharing a hit is your
@@ -104,6 +104,15 @@ diagrams.block_tables(
 # prefixes (up to a collision, which the lookup guards against by comparing tokens). Only full blocks
 # get a hash. `H` must give the same answer in every process (a server restarts, workers differ), so
 # use SHA-256 over a stable encoding, never Python's `hash()`, which is salted per process.
+#
+# > **The course's chain and vLLM's.** `vllm/v1/core/kv_cache_utils.py` · `hash_block_tokens` hashes
+# > `(parent hash, block tokens, extra keys)` with SHA-256 by default. Two differences from ours: the first
+# > block's parent is not `None` but `NONE_HASH`, a hash made from a seed at start-up; and each block
+# > carries **extra keys** (`generate_block_hash_extra_keys`): the LoRA adapter's name, the multimodal
+# > inputs that fall in the block, a request's `cache_salt` (on the first block, so tenants who pass
+# > different salts never share a prefix) and hashed prompt embeddings. Equal tokens under a different
+# > adapter have different K/V, so they must not share. The course has no adapters, images or tenants, so
+# > its key is the tokens alone.
 
 # %%
 diagrams.hash_chain()
@@ -153,6 +162,14 @@ check("4.1")
 # request; `_cache_full_blocks` offers every newly full, known block once; `BlockPool.cache_full_blocks`
 # publishes a block under its hash unless the block is already published or another block already
 # serves that prefix. The cell below lets a request grow and counts the hash calls.
+#
+# "One block per hash" is the course's choice. vLLM (`vllm/v1/core/block_pool.py` ·
+# `BlockHashToBlockMap`) keeps **duplicates**: when two requests computed the same prefix at the same
+# time, both blocks are published under one hash, and a lookup takes the first. vLLM allows this so that
+# a block table only ever grows at its end (each step tells the worker only the new block ids): swapping a
+# request's block for an identical cached one would rewrite its table. vLLM keeps the hash list on the
+# request itself (`Request.block_hashes`, filled by `get_request_block_hasher`), where ours keeps it in
+# the manager.
 
 # %%
 import kvcourse.kv_cache as kv_cache_module
@@ -186,7 +203,10 @@ check("4.2")
 # block can match: its hash covers the missing one). Two details:
 #
 # * **confirm the hit**: the pool returns a block only if the tokens it was hashed from equal the
-#   tokens asked for, so even a hash collision can never serve the wrong keys and values;
+#   tokens asked for, so even a hash collision can never serve the wrong keys and values. This is the
+#   course's choice, a belt with the braces: vLLM (`vllm/v1/core/block_pool.py` ·
+#   `BlockPool.get_cached_block`) compares hashes only, trusting SHA-256 not to collide, and keeps no
+#   tokens on a block;
 # * **leave the last prompt token to compute**: the model must run at least one token to produce the
 #   logits of the first output token, so the lookup stops at `num_tokens - 1` tokens. A prompt of
 #   exactly 16 tokens in blocks of 4 gets at most 3 blocks (12 tokens) from the cache.
@@ -323,12 +343,13 @@ check("4.4")
 diagrams.copy_on_write()
 
 # %% [markdown]
-# ### Exercise 4.5: `KVCacheManager.fork` and `KVCacheManager._copy_on_write`
+# ### Exercise 4.5: `KVCacheManager.fork`, `KVCacheManager._copy_on_write` and `take_pending_copies`
 #
 # The contracts: after `fork`, the child has a table of its own listing the parent's blocks, each with
 # one more holder, and no block was taken. `_copy_on_write(table, indices)` replaces each listed block
 # of the table by a fresh one, drops this table's hold on the old one, and reports `(old id, new id)`
-# for the executor.
+# for the executor. `take_pending_copies()` hands the executor every copy reported since it was last
+# called, in order, and forgets them: each copy is run once.
 
 # %%
 check("4.5")
@@ -489,9 +510,17 @@ BlockTableWidget(shared_snapshots, step=most_shared, interval_ms=400)
 # sharing (each sample's tokens are predicted from the context read back through its block table).
 #
 # Fork and copy-on-write are how the vLLM paper (and vLLM v0) share a prompt between samples. vLLM v1
-# does it differently: a request with `n = 4` becomes four child requests (`ParentRequest`) that share
-# the prompt's full blocks **through prefix caching**, your lessons 4.1 to 4.4, and nothing is copied;
-# each child holds (and computes) its own copy of the prompt's last, partial block.
+# does it differently: a request with `n = 4` becomes four child requests (`ParentRequest`, in
+# `vllm/v1/engine/parallel_sampling.py`) that share the prompt's full blocks **through prefix
+# caching**, your lessons 4.1 to 4.4; for a model with attention layers only, nothing is copied, and
+# each child holds (and computes) its own copy of the prompt's last, partial block. Copy-on-write is
+# back in vLLM, though, for a prefix-cache hit that ends **inside** a block, which hybrid models
+# (attention with Mamba layers) produce when prefixes are hashed in units finer than a cache block: the
+# shared tail block is redirected to a private copy
+# (`vllm/v1/core/single_type_kv_cache_manager.py` · `SingleTypeKVCacheManager._apply_cow`), and the scheduler hands
+# the `(src, dst)` pairs to the worker (`vllm/v1/core/kv_cache_manager.py` ·
+# `KVCacheManager.take_kv_cache_block_copies`), which copies them before the forward pass: the design of
+# your exercises 4.5 and 4.6, your `take_pending_copies`.
 #
 # The paper measured what parallel sampling saves in KV memory: 6.1 to 9.8% on Alpaca and 16.2 to
 # 30.5% on ShareGPT (the 37.6 to 55.2% and 44.3 to 66.3% it reports are for *beam search*, which shares

@@ -150,8 +150,10 @@ print(
 # request as soon as its prompt fits, so when every running request needs one more block and none is
 # free, the newest is preempted and later recomputed (contiguous schemes never run out mid-request:
 # they reserved everything up front). With the whole trace queued at once, as here, that price is
-# high; real servers soften it by admitting less greedily (vLLM's `KVCacheManager` takes a
-# `watermark`: a share of blocks kept free when admitting, "to avoid frequent preemptions").
+# high; real servers soften it by admitting less greedily: vLLM's `--watermark` (`SchedulerConfig.watermark`
+# in `vllm/config/scheduler.py`, 0 by default, so off) keeps a share of blocks free when it admits a
+# waiting request, "to avoid frequent preemptions", and by default it admits a request only when its
+# whole prompt fits (`scheduler_reserve_full_isl`), not just its first chunk (notebook 07 builds a watermark).
 # The payoff is the **batch** column: several times more requests run side by side in the same
 # memory, and batch size is what decode throughput lives on.
 
@@ -332,8 +334,9 @@ for path in gpu_files:
 # %% [markdown]
 # ## 6. Reading the real thing: kvcourse → vLLM v1
 #
-# Every piece you built has a counterpart in vLLM's v1 engine (paths from the
-# [vllm-project/vllm](https://github.com/vllm-project/vllm) repository; the real classes carry more:
+# Every piece you built has a counterpart in vLLM's v1 engine (paths in the
+# [vllm-project/vllm](https://github.com/vllm-project/vllm) repository, in the release the README names,
+# each checked there by `scripts/check_vllm.py`; the real classes carry more:
 # KV-cache groups for hybrid models, speculative decoding, connectors, CUDA graphs):
 #
 # | kvcourse (file · class or function) | vLLM v1 (file · class or function) |
@@ -347,13 +350,19 @@ for path in gpu_files:
 # | `kv_cache.py` · `KVCacheManager` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheManager` |
 # | `kv_cache.py` · `PrefixCacheStats` | `vllm/v1/metrics/stats.py` · `PrefixCacheStats` |
 # | `scheduler.py` · `StallFreeScheduler` | `vllm/v1/core/sched/scheduler.py` · `Scheduler` |
-# | `scheduler.py` · `ScheduledSequence` | `vllm/v1/core/sched/output.py` · `SchedulerOutput` (`NewRequestData`, `CachedRequestData`) |
-# | `model_runner.py` · `ModelRunner`, `prepare_inputs` | `vllm/v1/worker/gpu_model_runner.py` · `GPUModelRunner` (`_prepare_inputs`, `execute_model`) |
-# | `paged_cache.py` · `PagedKVCache` (one K and one V tensor per layer) | `vllm/v1/worker/gpu_model_runner.py` · `GPUModelRunner.initialize_kv_cache` |
+# | `scheduler.py` · `ScheduledSequence` | `vllm/v1/core/sched/output.py` · `SchedulerOutput`, `NewRequestData`, `CachedRequestData` |
+# | `model_runner.py` · `ModelRunner`, `prepare_inputs` | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner` (`prepare_inputs`, `execute_model`): Model Runner V2, the default; the older `vllm/v1/worker/gpu_model_runner.py` · `GPUModelRunner` is the fallback for features V2 lacks |
+# | `paged_cache.py` · `PagedKVCache` (one K and one V tensor per layer) | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner.initialize_kv_cache` |
 # | `attention.py` · `write_to_cache` | `vllm/_custom_ops.py` · `reshape_and_cache_flash` (a CUDA kernel) |
 # | `attention.py` · `paged_decode_attention`, `triton_paged_decode_attention` | `vllm/v1/attention/backends/triton_attn.py` · `TritonAttentionImpl`, calling `vllm/v1/attention/ops/triton_unified_attention.py` · `unified_attention` |
 # | `engine.py` · `LLMEngine` (`generate`, `step`) | `vllm/v1/engine/llm_engine.py` · `LLMEngine`; the step loop is `vllm/v1/engine/core.py` · `EngineCore.step` |
 #
-# The teaching tools (`toy.py`, `widgets.py`, the mock manager) have no counterpart. A good order to read them in: `request.py`, then `kv_cache_utils.py` and `block_pool.py` (the
-# allocator you wrote in notebook 03, with prefix caching from 04), `kv_cache_manager.py`, and
-# `sched/scheduler.py`, whose `schedule()` is notebook 02's loop grown up.
+# The teaching tools (`kvcourse/toy/`, `kvcourse/viz/widgets.py`, the mock manager) have no counterpart. A good order
+# to read them in: `vllm/v1/request.py`, then `vllm/v1/core/kv_cache_utils.py` and
+# `vllm/v1/core/block_pool.py` (the allocator you wrote in notebook 03, with prefix caching from 04),
+# `vllm/v1/core/kv_cache_manager.py`, and `vllm/v1/core/sched/scheduler.py`, whose `schedule()` does
+# notebook 02's job with a different policy: it has no phases. It walks the running requests in order,
+# giving each what it still needs (a decode, or the next chunk of its prompt), then admits waiting
+# requests while the budget lasts; the course's decodes first, then one prefill chunk, then admissions
+# is the source lesson's stall-free (Sarathi-style) policy. **Notebook 09** maps every piece, and
+# what vLLM adds to it, file by file.

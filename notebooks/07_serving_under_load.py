@@ -13,7 +13,11 @@
 # 1. arrivals over time and a clock; per request **TTFT** (time to first token), **TPOT** (time per output
 #    token after the first), **ITL** (the gaps between tokens), **E2E** (end-to-end latency); per run their
 #    percentiles, throughput, and **goodput** (requests per second that met a latency SLO);
-# 2. the latency–throughput knee; the token-budget trade-off of chunked prefill; FCFS against skip-ahead;
+# 2. the latency–throughput knee; the token-budget trade-off of chunked prefill; FCFS against skip-ahead
+#    (every step is planned by your scheduler's policy: decodes first, then one prefill chunk, then
+#    admissions, the source lesson's stall-free, Sarathi-style order; vLLM's `schedule()` has no phases
+#    and walks its running requests in order, then the waiting ones: notebook 09 shows both orders on
+#    one batch);
 # 3. five exercises in `kvcourse/scheduler.py` and `kvcourse/kv_cache.py`:
 #
 # | exercise | what you write | minutes |
@@ -235,9 +239,13 @@ for name, row in priorities.items():
 #
 # When everything arrives at once, notebook 06's memory study saw paged-16 recompute a large share of
 # its trace: admission filled the cache, then running decodes needed one more block each and someone
-# had to be preempted. A **watermark** (vLLM v0's block manager had one, 1% by default) admits a
-# request only while, after its first chunk, at least `watermark_blocks` blocks stay free for the
-# running decodes to grow into. Write `_keeps_watermark` in `kvcourse/scheduler.py`.
+# had to be preempted. A **watermark** admits a request only while, after its first chunk, at least
+# `watermark_blocks` blocks stay free for the running decodes to grow into. vLLM v0's block manager had
+# one (1% by default); vLLM v1 has one too, `--watermark` (`SchedulerConfig.watermark` in
+# `vllm/config/scheduler.py`, a share of all blocks, 0 by default, so off), which
+# `vllm/v1/core/kv_cache_manager.py` · `KVCacheManager.allocate_slots` applies to waiting and preempted
+# requests, and only when some request is already scheduled. Write `_keeps_watermark` in
+# `kvcourse/scheduler.py`.
 
 # %%
 check("7.2")
@@ -254,14 +262,20 @@ for row in marks:
 # %% [markdown]
 # Recomputed tokens are work done twice (every token fed, minus each request's prompt and outputs
 # fed once). A small watermark removes most preemptions and steadies TPOT; a large one keeps blocks
-# idle, so requests wait longer to start. vLLM v1 dropped the watermark: its admission is
-# conservative in other ways, and it preempts by recompute only.
+# idle, so requests wait longer to start. vLLM v1 leaves its watermark off by default because its
+# admission is already conservative in another way: with `scheduler_reserve_full_isl` (on by default,
+# `vllm/config/scheduler.py` · `SchedulerConfig.scheduler_reserve_full_isl`) it admits a request only
+# when blocks for its **whole prompt** are free (after prefix-cache hits), not just for the first chunk,
+# as ours does. A chunked prompt is then much less likely to stall halfway for want of memory. (The metric
+# `vllm:watermark_requests` is about something else: text watermarking of outputs.)
 #
 # ## 7. Exercise 7.3: swap or recompute?
 #
 # A preempted request loses its K/V and recomputes it later (the course's default, and vLLM v1's only
-# mode). vLLM v0 could also **swap**: copy the victim's blocks to a CPU block pool and copy them back
-# on re-admission. Which is cheaper depends on the machine: a swap moves bytes twice over the
+# preemption mode). vLLM v0 could also **swap**: copy the victim's blocks to a CPU block pool and copy
+# them back on re-admission. v1 moved the CPU copy out of preemption into a KV connector:
+# `vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py` · `OffloadingConnector` offloads
+# computed blocks to CPU memory and loads them back on a later prefix hit. Which is cheaper depends on the machine: a swap moves bytes twice over the
 # host–device link, a recompute spends FLOPs once. In `kvcourse/scheduler.py`, write:
 #
 # * the mechanism, for `preemption_mode="swap"` with `num_cpu_blocks` of swap space: `_move_to_cpu`
@@ -301,8 +315,17 @@ print(
 )
 
 # %% [markdown]
-# On a GPU, a small model recomputes a token far faster than the link moves its K/V: recompute always
-# wins, which is one reason vLLM v1 keeps recompute only. On a CPU, compute is slow and swap wins early.
+# At the assumed 400 TFLOP/s, GPT-2 small recomputes a token (0.62 µs) faster than the link moves its
+# K/V out and back (1.15 µs): recompute wins at every context length. That is a **crossover**, not a
+# law. By the same cost model (`swap_seconds`, `recompute_seconds` above), recompute costs
+# `flops_per_token / flops_per_s` per token and swap about `2 × kv_bytes_per_token / link_bytes_per_s`,
+# so swap wins for long enough contexts whenever the prefill achieves less than
+# 2 × 124e6 × 64e9 / (2 × 36,864) ≈ 215 TFLOP/s (at 200 TFLOP/s from 228 tokens on; at 100 from 16).
+# The model matters even more: an 8B model with grouped-query attention (32 layers, 8 K/V heads of
+# 128: 131,072 bytes per token in fp16, 16 GFLOP per token) recomputes 1,024 tokens in 41 ms and swaps
+# them in 4.2 ms, about ten times cheaper, from the first token on. GQA shrinks the K/V while the FLOPs
+# stay. vLLM v1 still preempts by recompute only, and keeps CPU memory for the offloading connector
+# above. On a CPU, compute is slow and swap wins early.
 # The study below serves the same preemption-heavy workload (12 equal prompts arriving together into a
 # cache that fits three at their longest) both ways, on the simulated machine, at prompt lengths around
 # its crossover. Swap runs use the scheduler's `preemption_mode="swap"` with a CPU block pool; the toy
@@ -326,8 +349,11 @@ print(f"the served runs agree with the cost model in {sum(agree)} of {len(agree)
 # ## 8. Exercise 7.4: abort
 #
 # A client disconnects; the server calls `scheduler.finish_requests([id], RequestStatus.ABORTED,
-# reason)` (vLLM's name). Its core, `_end_request`, is yours: a request cancelled while waiting or
-# running gives back every block at once, and nothing else changes.
+# reason)`. The name is vLLM's (`vllm/v1/core/sched/scheduler.py` · `Scheduler.finish_requests`), whose
+# signature is `finish_requests(request_ids, finished_status)`, with no reason (the status says it:
+# `RequestStatus.FINISHED_ABORTED`); the course adds a reason so the trace can say why. Its core,
+# `_end_request`, is yours: a request cancelled while waiting or running gives back every block at
+# once, and nothing else changes.
 
 # %%
 check("7.4")
@@ -352,7 +378,8 @@ print(
 # After new weights are loaded, or before a cold-cache benchmark, every cached prefix must go: its
 # K/V no longer matches. `KVCacheManager.reset_prefix_cache()` (vLLM's name) unpublishes every
 # cached-free block. Like vLLM, it refuses (returns `False`, with a warning that says why, also kept in
-# `manager.reset_refusal`) while any block is held by a request. Write `BlockPool.reset_prefix_cache`
+# `manager.reset_refusal`) while any block is held by a request. (vLLM's scheduler can also force it:
+# `Scheduler.reset_prefix_cache(reset_running_requests=True)` first preempts every running request.) Write `BlockPool.reset_prefix_cache`
 # in `kvcourse/kv_cache.py`.
 
 # %%
@@ -377,10 +404,11 @@ print("reset:", manager.reset_prefix_cache(), f"| now it finds {manager.get_comp
 # | (not built here: a chunk takes whatever budget is left) | `long_prefill_token_threshold` | one long prompt against everyone's steps |
 # | `policy="priority"`, `Request.priority` | `scheduling_policy="priority"`, `priority=` per request | urgent requests' tails against the rest |
 # | FCFS admission (stop at the head) | `scheduling_policy="fcfs"` (the default) | fairness against utilisation |
-# | `watermark` | v0's block-manager watermark (v1 has none) | preemptions against admissions |
-# | `preemption_mode="swap"` | v0's `preemption_mode="swap"`, `swap_space` (v1 recomputes only) | link bytes against FLOPs |
-# | `finish_requests(ids, ABORTED)` | `Scheduler.finish_requests` (abort on client disconnect) | nothing: memory back at once |
-# | `reset_prefix_cache()` | `LLM.reset_prefix_cache()`, `/reset_prefix_cache` | a cold cache on purpose |
+# | `watermark` | `--watermark` (`SchedulerConfig.watermark`, 0 = off by default); v0's block-manager watermark | preemptions against admissions |
+# | first-chunk admission | `scheduler_reserve_full_isl` (on by default): the whole prompt must fit | admissions against stalls mid-prompt |
+# | `preemption_mode="swap"` | v0's `preemption_mode="swap"`, `swap_space`; v1 recomputes, and offloads to the CPU through `OffloadingConnector` | link bytes against FLOPs |
+# | `finish_requests(ids, ABORTED, reason)` | `Scheduler.finish_requests(request_ids, finished_status)` with `FINISHED_ABORTED` (abort on client disconnect) | nothing: memory back at once |
+# | `reset_prefix_cache()` | `LLM.reset_prefix_cache()`; over HTTP `POST /reset_prefix_cache` (only with `VLLM_SERVER_DEV_MODE=1`; `?reset_running_requests=true` forces it by preempting the running requests first) | a cold cache on purpose |
 #
 # The same loop runs on a GPU with `WallClock()` in place of the simulated clock, and the whole study
 # is one command: `python -m kvcourse.bench serving [--quick] [--json]`; its last line is a JSON object

@@ -437,17 +437,18 @@ else:
 #
 # | vLLM (v1) | kvcourse |
 # |---|---|
-# | `vllm serve`: `entrypoints/openai/api_server.py`, `serving_completion.py` | `kvcourse/serve/app.py`, `protocol.py` |
-# | `AsyncLLM` (`v1/engine/async_llm.py`): output queues per request, abort on disconnect | `kvcourse/serve/loop.py` |
-# | `EngineCore` busy loop (`v1/engine/core.py`): schedule, execute, update | `EngineLoop` around `LLMEngine.step` |
-# | `Scheduler` (`v1/core/sched/scheduler.py`) | `kvcourse/scheduler.py`: **yours** (lesson 02) |
-# | `KVCacheManager`, `BlockPool`, `FreeKVCacheBlockQueue` (`v1/core/`) | `kvcourse/kv_cache.py`: **yours** (03, 04) |
-# | `GPUModelRunner` (`v1/worker/gpu_model_runner.py`) | `kvcourse/model_runner.py`: **yours** (05) |
-# | attention backends (FlashAttention, Triton) | `kvcourse/attention.py`: **yours** (05) |
-# | `IncrementalDetokenizer` (`v1/engine/detokenizer.py`) | `kvcourse/serve/detokenize.py` |
-# | Prometheus logger (`v1/metrics/loggers.py`) | `kvcourse/serve/metrics.py` |
+# | `vllm serve`: the app in `vllm/entrypoints/launchers/api_server/entry.py` · `run_server` (the old `vllm/entrypoints/openai/api_server.py` is a deprecation shim that re-exports it); completions in `vllm/entrypoints/openai/completion/serving.py` · `OpenAIServingCompletion` and `vllm/entrypoints/openai/completion/protocol.py` · `CompletionRequest` | `kvcourse/serve/app.py`, `kvcourse/serve/protocol.py` |
+# | `AsyncLLM` (`vllm/v1/engine/async_llm.py`): output queues per request, abort on disconnect | `kvcourse/serve/loop.py` |
+# | `EngineCore` busy loop (`vllm/v1/engine/core.py`): schedule, execute, update | `EngineLoop` around `LLMEngine.step` |
+# | `Scheduler` (`vllm/v1/core/sched/scheduler.py`) | `kvcourse/scheduler.py`: **yours** (lesson 02) |
+# | `KVCacheManager` (`vllm/v1/core/kv_cache_manager.py`), `BlockPool` (`vllm/v1/core/block_pool.py`), `FreeKVCacheBlockQueue` (`vllm/v1/core/kv_cache_utils.py`) | `kvcourse/kv_cache.py`: **yours** (03, 04) |
+# | `GPUModelRunner` (`vllm/v1/worker/gpu/model_runner.py`: Model Runner V2, the default; `vllm/v1/worker/gpu_model_runner.py` is the fallback) | `kvcourse/model_runner.py`: **yours** (05) |
+# | attention backends (`vllm/v1/attention/backends/`: FlashAttention, FlashInfer, Triton) | `kvcourse/attention.py`: **yours** (05) |
+# | `IncrementalDetokenizer` (`vllm/v1/engine/detokenizer.py`) | `kvcourse/serve/detokenize.py` |
+# | `PrometheusStatLogger` (`vllm/v1/metrics/loggers.py`) | `kvcourse/serve/metrics.py` |
 # | `vllm bench serve` | `kvcourse/serve/loadgen.py` |
 #
 # What vLLM adds on top is mostly speed and breadth: CUDA graphs, fused kernels, sampling, many model
 # families, tensor and pipeline parallelism, and the engine core in its own process so Python's
 # HTTP work never waits behind a forward pass. The memory side, the part you built, is the same idea.
+# Notebook 09 maps each piece to the file and symbol to open in vLLM, and what vLLM adds there.
