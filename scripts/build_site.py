@@ -263,17 +263,25 @@ def build(out: Path = OUT, stage_dir: Path = STAGE, doctrees: Path = DOCTREES, j
         raise SiteError(
             "the site would load scripts, styles or fonts from the network:\n  " + "\n  ".join(fetched[:20])
         )
+    for path in discover_notebooks():  # the page's download button gives the notebook as committed
+        shutil.copy2(path, out / "_sources" / "notebooks" / path.name)
     (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
     return out / "index.html"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT, help=f"where the site goes (default {OUT.relative_to(ROOT)})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        help=f"where the site goes (default {OUT.relative_to(ROOT)}; its sources are staged beside it, in OUT-src)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
+    out = args.out.resolve()
     try:
-        index = build(args.out.resolve())
+        index = build(out, stage_dir=out.with_name(f"{out.name}-src"), doctrees=out.with_name(f"{out.name}-doctrees"))
     except SiteError as error:
         print(f"course book: {error}", file=sys.stderr)
         return 1

@@ -293,6 +293,13 @@ def check_prev_next(page, base_url: str, name: str) -> None:
             assert link.count() == 0, f"{name}: a '{selector}' link past the ends of the book"
 
 
+def _plain(text: str) -> str:
+    """A title as text: one line, straight quotes (Sphinx curls them), no permalink sign."""
+    for curly, straight in (("’", "'"), ("‘", "'"), ("“", '"'), ("”", '"')):
+        text = text.replace(curly, straight)
+    return " ".join(text.split()).rstrip("#¶ ")
+
+
 # -- the test -------------------------------------------------------------------------------------------------
 def _skip_without_tools() -> None:
     if not CHROMIUM.exists():
@@ -306,13 +313,39 @@ def _skip_without_tools() -> None:
         )
 
 
+def _network_cut_off() -> list[str]:
+    """`unshare -n --` where this process may run a command without any network (root, Linux), else []."""
+    if not shutil.which("unshare"):
+        return []
+    probe = subprocess.run(["unshare", "-n", "--", "true"], capture_output=True, check=False)
+    return ["unshare", "-n", "--"] if probe.returncode == 0 else []
+
+
+OFFLINE = _network_cut_off()
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The whole site, built from the committed notebooks into a temporary folder."""
+    """The whole site, built as `./course book` builds it, into a temporary folder, with no network if possible."""
     _skip_without_tools()
-    tmp = tmp_path_factory.mktemp("site")
-    build_site.build(out=tmp / "site", stage_dir=tmp / "src", doctrees=tmp / "doctrees")
-    return tmp / "site"
+    out = tmp_path_factory.mktemp("site") / "site"
+    command = [*OFFLINE, sys.executable, str(ROOT / "scripts" / "build_site.py"), "--out", str(out)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, (
+        f"the site's build failed{' offline' if OFFLINE else ''}:\n{result.stdout}{result.stderr}"
+    )
+    return out
+
+
+def test_the_build_runs_without_network_and_leaves_no_outside_assets(site: Path) -> None:
+    if not OFFLINE:
+        pytest.skip("cannot cut this process off the network (unshare -n needs root): built with it")
+    assert (site / "index.html").exists() and build_site.external_assets(site) == []
+
+
+def test_the_download_button_gives_the_notebook_as_committed(site: Path) -> None:
+    for path in build_site.discover_notebooks():
+        assert (site / "_sources" / "notebooks" / path.name).read_bytes() == path.read_bytes()
 
 
 @pytest.mark.slow
@@ -337,7 +370,7 @@ def test_every_page_of_the_site_in_chromium(site: Path) -> None:
                 heading = page.locator("article h1, main h1").first.inner_text()
                 notebook = by_page.get(name)
                 if notebook is not None:
-                    assert notebook.title in heading.replace("\n", " ").rstrip("#¶ "), (
+                    assert _plain(notebook.title) in _plain(heading), (
                         f"{name}: the page's title is {heading!r}, not the notebook's {notebook.title!r}"
                     )
                     images = page.evaluate(_IMAGES_JS)
