@@ -6,6 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from invariants import checked
+from toy_world import ToyWorld, check_outputs, shared_prompt_workload, stand_ins
 
 import kvcourse.kv_cache as kv_cache
 from kvcourse.kv_cache import BlockPool, KVCacheManager, hash_block_tokens, hash_request_tokens
@@ -13,6 +18,11 @@ from kvcourse.request import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = list(range(1000, 1012))  # a 12-token "system prompt": 3 full blocks of 4
+
+
+def make_manager(num_blocks: int, block_size: int, upto: str, caching: bool = False) -> KVCacheManager:
+    """A manager running the learner's code up to exercise `upto` (the tests' own after it), checked after each call."""
+    return checked(stand_ins(KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching), upto))
 
 
 def request(request_id: int, tokens: list[int], num_computed_tokens: int = 0) -> Request:
@@ -104,7 +114,7 @@ def test_hash_is_the_same_in_another_process():
 
 @pytest.mark.ex4_3
 def test_get_cached_block_confirms_the_tokens():
-    pool = BlockPool(4, enable_caching=True)
+    pool = checked(BlockPool(4, enable_caching=True))
     block = pool.get_new_blocks(1)[0]
     pool.cache_full_blocks([block], [b"hash-a"], [[1, 2]])
     assert pool.get_cached_block(b"hash-a", [1, 2]) is block, "a published block should be found by its hash"
@@ -116,7 +126,7 @@ def test_get_cached_block_confirms_the_tokens():
 
 @pytest.mark.ex4_3
 def test_second_request_hits_the_shared_prefix():
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.3", caching=True)
     first = request(1, SYSTEM + [1, 2, 3])
     admit(manager, first)
     second = request(2, SYSTEM + [7, 8])
@@ -129,7 +139,7 @@ def test_second_request_hits_the_shared_prefix():
 
 @pytest.mark.ex4_3
 def test_last_token_is_always_recomputed():
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.3", caching=True)
     admit(manager, request(1, SYSTEM))
     hits, num_tokens = manager.get_computed_blocks(request(2, SYSTEM))
     assert num_tokens == 8, (
@@ -140,7 +150,7 @@ def test_last_token_is_always_recomputed():
 
 @pytest.mark.ex4_3
 def test_lookup_stops_at_the_first_miss():
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.3", caching=True)
     admit(manager, request(1, SYSTEM + [0]))
     changed = SYSTEM[:4] + [0, 0, 0, 0] + SYSTEM[8:] + [0]
     hits, num_tokens = manager.get_computed_blocks(request(2, changed))
@@ -149,7 +159,7 @@ def test_lookup_stops_at_the_first_miss():
 
 @pytest.mark.ex4_3
 def test_cached_blocks_after_a_miss_are_not_hits():
-    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(8, 4, "4.3", caching=True)
     pool = manager.block_pool
     blocks = pool.get_new_blocks(3)
     hashes = hash_request_tokens(4, SYSTEM)
@@ -163,10 +173,10 @@ def test_cached_blocks_after_a_miss_are_not_hits():
 
 @pytest.mark.ex4_3
 def test_no_hits_when_caching_is_off_or_cache_is_cold():
-    cold = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    cold = make_manager(8, 4, "4.3", caching=True)
     hits, num_tokens = cold.get_computed_blocks(request(1, SYSTEM))
     assert (len(hits), num_tokens) == (0, 0), "an empty cache should give no hits"
-    off = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    off = make_manager(8, 4, "4.3")
     admit(off, request(1, SYSTEM))
     admit(cold, request(1, SYSTEM))
     hits, num_tokens = off.get_computed_blocks(request(2, SYSTEM))
@@ -176,7 +186,7 @@ def test_no_hits_when_caching_is_off_or_cache_is_cold():
 @pytest.mark.ex4_3
 def test_hash_collision_is_not_a_hit(monkeypatch):
     monkeypatch.setattr(kv_cache, "hash_block_tokens", lambda parent, tokens: b"always-the-same")
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.3", caching=True)
     admit(manager, request(1, [1, 2, 3, 4, 5, 6, 7, 8, 9]))
     hits, num_tokens = manager.get_computed_blocks(request(2, [9, 9, 9, 9, 5, 6, 7, 8, 9]))
     assert num_tokens == 0, "when two different blocks share a hash, the lookup must check the tokens and miss"
@@ -201,7 +211,7 @@ def count_hashes(monkeypatch):
 
 @pytest.mark.ex4_2
 def test_chain_is_the_request_chain_as_it_grows():
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.2", caching=True)
     req = request(1, SYSTEM + [1, 2])
     assert manager._block_hashes(req) == hash_request_tokens(4, req.all_token_ids), (
         "_block_hashes should be the hash chain of the request's full blocks"
@@ -214,7 +224,7 @@ def test_chain_is_the_request_chain_as_it_grows():
 
 @pytest.mark.ex4_2
 def test_each_block_is_hashed_once(count_hashes):
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.2", caching=True)
     req = request(1, SYSTEM + [1, 2])
     for _ in range(3):
         manager._block_hashes(req)
@@ -231,7 +241,7 @@ def test_each_block_is_hashed_once(count_hashes):
 
 @pytest.mark.ex4_2
 def test_a_preempted_request_is_not_hashed_again(count_hashes):
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.2", caching=True)
     req = request(1, SYSTEM + [1])
     manager.allocate_slots(req, req.num_tokens)
     manager.free(req)  # preempted: blocks back, request not complete
@@ -242,7 +252,7 @@ def test_a_preempted_request_is_not_hashed_again(count_hashes):
 
 @pytest.mark.ex4_2
 def test_admission_publishes_the_full_prompt_blocks():
-    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(8, 4, "4.2", caching=True)
     req = request(1, SYSTEM + [5, 6, 7, 8, 9, 10])  # 18 tokens: 4 full blocks and 2 tokens
     manager.allocate_slots(req, req.num_tokens)
     table, published = manager.get_blocks(req).blocks, manager.block_pool.cached_block_hash_to_block
@@ -256,7 +266,7 @@ def test_admission_publishes_the_full_prompt_blocks():
 
 @pytest.mark.ex4_2
 def test_blocks_are_published_as_they_fill():
-    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(8, 4, "4.2", caching=True)
     req = request(1, [1, 2, 3, 4, 5, 6])
     manager.allocate_slots(req, 6)
     req.num_computed_tokens = 6
@@ -271,7 +281,7 @@ def test_blocks_are_published_as_they_fill():
 
 @pytest.mark.ex4_2
 def test_a_prefix_already_served_is_not_published_again():
-    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(8, 4, "4.2", caching=True)
     first, second = request(1, SYSTEM), request(2, SYSTEM)  # admitted without a lookup: computed twice
     manager.allocate_slots(first, 12)
     manager.allocate_slots(second, 12)
@@ -286,7 +296,7 @@ def test_a_prefix_already_served_is_not_published_again():
 
 @pytest.mark.ex4_2
 def test_a_published_block_keeps_its_first_hash():
-    pool = BlockPool(2, enable_caching=True)
+    pool = checked(BlockPool(2, enable_caching=True))
     block = pool.get_new_blocks(1)[0]
     pool.cache_full_blocks([block], [b"first"], [[1, 2]])
     pool.cache_full_blocks([block], [b"second"], [[3, 4]])
@@ -296,7 +306,7 @@ def test_a_published_block_keeps_its_first_hash():
 
 @pytest.mark.ex4_3
 def test_hits_are_shared_not_copied():
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.3", caching=True)
     first = request(1, SYSTEM + [1])
     admit(manager, first)
     free_before = manager.get_num_free_blocks()
@@ -310,7 +320,7 @@ def test_hits_are_shared_not_copied():
 
 @pytest.mark.ex4_3
 def test_hits_on_freed_blocks_leave_the_free_queue():
-    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(8, 4, "4.3", caching=True)
     first = request(1, SYSTEM + [1])
     admit(manager, first)
     shared = manager.get_block_ids(first)[:3]
@@ -326,7 +336,7 @@ def test_hits_on_freed_blocks_leave_the_free_queue():
 
 @pytest.mark.ex4_3
 def test_hit_rate_counts_admitted_tokens_and_hits():
-    manager = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(16, 4, "4.3", caching=True)
     admit(manager, request(1, SYSTEM + [1]))
     admit(manager, request(2, SYSTEM + [2, 3]))
     stats = manager.prefix_cache_stats
@@ -338,7 +348,7 @@ def test_hit_rate_counts_admitted_tokens_and_hits():
 
 @pytest.mark.ex4_3
 def test_everything_comes_back_after_sharing():
-    manager = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(12, 4, "4.3", caching=True)
     reqs = [request(i, SYSTEM + [i, i]) for i in range(3)]
     for req in reqs:
         admit(manager, req)
@@ -355,7 +365,7 @@ def test_everything_comes_back_after_sharing():
 
 @pytest.mark.ex4_4
 def test_reusing_a_block_forgets_its_hash():
-    pool = BlockPool(2, enable_caching=True)
+    pool = checked(BlockPool(2, enable_caching=True))
     block = pool.get_new_blocks(1)[0]
     pool.cache_full_blocks([block], [b"old"], [[1, 2]])
     pool.free_blocks([block])
@@ -368,7 +378,7 @@ def test_reusing_a_block_forgets_its_hash():
 
 @pytest.mark.ex4_4
 def test_tail_is_evicted_before_head():
-    manager = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(4, 4, "4.4", caching=True)
     first = request(1, SYSTEM + [5, 6, 7, 8])  # 4 full blocks
     admit(manager, first)
     manager.free(first)
@@ -379,7 +389,7 @@ def test_tail_is_evicted_before_head():
 
 @pytest.mark.ex4_4
 def test_evicted_prefix_is_no_longer_served():
-    manager = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(4, 4, "4.4", caching=True)
     first = request(1, SYSTEM + [0])
     admit(manager, first)
     manager.free(first)
@@ -392,7 +402,7 @@ def test_evicted_prefix_is_no_longer_served():
 
 @pytest.mark.ex4_4
 def test_an_evicted_prefix_is_cached_again_once_recomputed():
-    manager = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(4, 4, "4.4", caching=True)
     first = request(1, SYSTEM + [0])
     admit(manager, first)
     manager.free(first)
@@ -424,7 +434,7 @@ def forked_pair(manager: KVCacheManager, num_tokens: int) -> tuple[Request, Requ
 
 @pytest.mark.ex4_5
 def test_fork_shares_every_block():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.5")
     parent, child = forked_pair(manager, 6)
     assert manager.get_block_ids(child) == manager.get_block_ids(parent), (
         "a fork should share every block of the parent"
@@ -435,7 +445,7 @@ def test_fork_shares_every_block():
 
 @pytest.mark.ex4_5
 def test_fork_gives_the_child_its_own_table():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.5")
     parent, child = forked_pair(manager, 8)
     manager.req_to_blocks[child.id].extend(manager.block_pool.get_new_blocks(1))
     assert len(manager.get_block_ids(parent)) == 2, "growing the child's table must not grow the parent's"
@@ -444,7 +454,7 @@ def test_fork_gives_the_child_its_own_table():
 
 @pytest.mark.ex4_5
 def test_a_forked_child_inherits_the_hash_chain(count_hashes):
-    manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    manager = make_manager(8, 4, "4.5", caching=True)
     parent = request(1, SYSTEM + [1])
     manager.allocate_slots(parent, parent.num_tokens)
     parent.num_computed_tokens = parent.num_tokens
@@ -464,7 +474,7 @@ def test_a_forked_child_inherits_the_hash_chain(count_hashes):
 
 @pytest.mark.ex4_5
 def test_copy_on_write_swaps_in_a_private_copy():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.5")
     parent, child = forked_pair(manager, 6)
     table = manager.req_to_blocks[child.id]
     shared = table[1]
@@ -480,7 +490,7 @@ def test_copy_on_write_swaps_in_a_private_copy():
 
 @pytest.mark.ex4_6
 def test_only_shared_blocks_that_are_written_are_copied():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.6")
     parent, child = forked_pair(manager, 6)
     assert manager._shared_blocks_to_write(child, 6, 7) == [1], "writing token 6 lands in shared block 1"
     assert manager._shared_blocks_to_write(child, 6, 6) == [], "a step that writes nothing needs no copy"
@@ -494,7 +504,7 @@ def test_only_shared_blocks_that_are_written_are_copied():
 
 @pytest.mark.ex4_6
 def test_a_block_already_copied_is_not_copied_again():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.6")
     parent, child = forked_pair(manager, 6)
     assert manager.allocate_slots(child, 1) is not None, "the child's first write should succeed"
     child.num_computed_tokens = 7
@@ -509,7 +519,7 @@ def test_a_block_already_copied_is_not_copied_again():
 
 @pytest.mark.ex4_6
 def test_writing_into_a_shared_partial_block_copies_it():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.6")
     parent, child = forked_pair(manager, 6)
     shared_last = manager.get_block_ids(parent)[1]
     new = manager.allocate_slots(child, 1)
@@ -524,7 +534,7 @@ def test_writing_into_a_shared_partial_block_copies_it():
 
 @pytest.mark.ex4_6
 def test_writing_after_a_full_block_copies_nothing():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.6")
     parent, child = forked_pair(manager, 8)
     manager.allocate_slots(child, 1)
     assert manager.take_pending_copies() == [], "a write into a fresh block needs no copy"
@@ -532,7 +542,7 @@ def test_writing_after_a_full_block_copies_nothing():
 
 @pytest.mark.ex4_6
 def test_copy_needs_a_free_block():
-    manager = KVCacheManager(num_blocks=2, block_size=4)
+    manager = make_manager(2, 4, "4.6")
     parent, child = forked_pair(manager, 6)
     assert manager.allocate_slots(child, 1) is None, "a copy-on-write with no free block should fail"
     assert manager.take_pending_copies() == [], "a failed allocation must not report a copy"
@@ -543,10 +553,317 @@ def test_copy_needs_a_free_block():
 
 @pytest.mark.ex4_6
 def test_fork_and_free_leak_nothing():
-    manager = KVCacheManager(num_blocks=8, block_size=4)
+    manager = make_manager(8, 4, "4.6")
     parent, child = forked_pair(manager, 6)
     manager.allocate_slots(child, 1)
     manager.allocate_slots(parent, 1)
     manager.free(parent)
     manager.free(child)
     assert manager.get_num_free_blocks() == 8, "after parent and child end, every block should be free"
+
+
+# ---- 4.1 more of the hash's contract -------------------------------------------------------
+
+
+@pytest.mark.ex4_1
+def test_token_boundaries_matter():
+    assert hash_block_tokens(None, [1, 23, 4, 5]) != hash_block_tokens(None, [12, 3, 4, 5]), (
+        "[1, 23, 4, 5] and [12, 3, 4, 5] hash alike: joining the tokens' digits loses where one token ends; "
+        "hash an encoding that keeps each token apart"
+    )
+    assert hash_block_tokens(None, [1, 2]) != hash_block_tokens(None, [12]), "the number of tokens must matter"
+    parent = hash_block_tokens(None, [7, 7])
+    assert hash_block_tokens(parent, [1, 2]) != hash_block_tokens(None, [*parent, 1, 2]), (
+        "the parent's hash and the tokens must not blur into each other"
+    )
+
+
+@pytest.mark.ex4_1
+def test_hash_is_bytes():
+    digest = hash_block_tokens(None, [3, 1, 4, 1])
+    assert isinstance(digest, bytes) and len(digest) >= 16, (
+        "a block hash should be a bytes digest (HASH_FUNCTION(...).digest()), the same in every process"
+    )
+    assert hash_block_tokens(digest, [3, 1, 4, 1]) != digest, "a block with a parent should not hash like its parent"
+
+
+@pytest.mark.ex4_1
+def test_chain_of_a_long_request():
+    tokens = list(range(50, 83))  # 33 tokens: 8 full blocks of 4 and one token
+    hashes = hash_request_tokens(4, tokens)
+    assert len(hashes) == 8, "one hash per FULL block: the block that ends exactly at the last full block counts"
+    parent = None
+    for i, block_hash in enumerate(hashes):
+        assert block_hash == hash_block_tokens(parent, tokens[4 * i : 4 * i + 4]), f"block {i}'s hash is off"
+        parent = block_hash
+    assert len(set(hashes)) == 8, "every block of a chain should have its own hash"
+
+
+# ---- 4.2 publishing: once, known tokens only ------------------------------------------------
+
+
+@pytest.fixture
+def offered(monkeypatch):
+    """Record every block the manager offers to the pool's prefix cache (and still publish it)."""
+    calls = []
+
+    def spy(manager):
+        pool = manager.block_pool
+        real = pool.cache_full_blocks
+
+        def recording(blocks, block_hashes, token_ids):
+            calls.extend(block.block_id for block in blocks)
+            return real(blocks, block_hashes, token_ids)
+
+        monkeypatch.setattr(pool, "cache_full_blocks", recording)
+        return calls
+
+    return spy
+
+
+@pytest.mark.ex4_2
+def test_each_full_block_is_offered_once(offered):
+    manager = make_manager(8, 4, "4.2", caching=True)
+    calls = offered(manager)
+    req = request(1, [1, 2, 3, 4, 5, 6])
+    manager.allocate_slots(req, 6)
+    req.num_computed_tokens = 6
+    for token in range(7, 15):  # eight decodes: blocks 1 and 2 fill up
+        req.output_tokens.append(token)
+        manager.allocate_slots(req, 1)
+        req.num_computed_tokens += 1
+    table = manager.get_block_ids(req)
+    assert sorted(calls) == sorted(table[:3]) and len(calls) == 3, (
+        "every full block should be offered to cache_full_blocks exactly once per admission: "
+        "num_cached_block counts the blocks already offered, so a step offers only the blocks it fills"
+    )
+
+
+@pytest.mark.ex4_2
+def test_only_known_tokens_are_published():
+    manager = make_manager(8, 4, "4.2", caching=True)
+    req = request(1, [1, 2, 3, 4, 5, 6])
+    manager.allocate_slots(req, 10)  # room for 10 tokens, but only 6 are known
+    assert manager.block_pool.get_num_cached_blocks() == 1, (
+        "a block is published only when all its tokens are known (positions below request.num_tokens)"
+    )
+    req.num_computed_tokens = 6
+    req.output_tokens += [7, 8]
+    manager.allocate_slots(req, 2)
+    assert manager.block_pool.get_num_cached_blocks() == 2, "once its tokens are known, the block is published"
+
+
+@pytest.mark.ex4_2
+def test_the_chain_is_kept_in_place():
+    manager = make_manager(8, 4, "4.2", caching=True)
+    req = request(1, SYSTEM + [1])
+    first = manager._block_hashes(req)
+    assert first is manager.req_to_block_hashes[req.id][1], (
+        "_block_hashes should extend and return the list kept in req_to_block_hashes (in place)"
+    )
+    req.output_tokens += [2, 3, 4]
+    assert manager._block_hashes(req) is first and len(first) == 4, "the same list grows with the request"
+
+
+@pytest.mark.ex4_2
+@pytest.mark.parametrize("seed", range(8))
+def test_publishing_under_a_shared_prefix_workload(seed):
+    manager = make_manager(8 + 2 * (seed % 3), 4, "4.2", caching=True)
+    requests = shared_prompt_workload(seed)
+    world = ToyWorld(manager, max_running=6)
+    for req in requests:
+        world.add(req)
+    world.run()
+    check_outputs(world, requests)
+
+
+# ---- 4.3 lookup at block boundaries ----------------------------------------------------------
+
+
+@pytest.mark.ex4_3
+def test_a_prompt_one_past_a_block_boundary_hits_every_full_block():
+    manager = make_manager(16, 4, "4.3", caching=True)
+    admit(manager, request(1, SYSTEM + [1, 2]))
+    hits, num_tokens = manager.get_computed_blocks(request(2, SYSTEM + [9]))  # 13 tokens: the last one in block 3
+    assert num_tokens == 12, "with 13 tokens only the block holding token 12 is recomputed: blocks 0-2 are hits"
+    assert len(hits) == 3, "three hit blocks hold 12 tokens"
+
+
+@pytest.mark.ex4_3
+def test_lookup_changes_nothing():
+    manager = make_manager(16, 4, "4.3", caching=True)
+    first = request(1, SYSTEM + [1])
+    admit(manager, first)
+    manager.free(first)
+    state = ([b.ref_cnt for b in manager.block_pool.blocks], free_ids(manager))
+    for _ in range(2):
+        manager.get_computed_blocks(request(2, SYSTEM + [5]))
+    assert ([b.ref_cnt for b in manager.block_pool.blocks], free_ids(manager)) == state, (
+        "get_computed_blocks only looks: no holder is added and no block leaves the free queue "
+        "(allocate_slots takes the hits)"
+    )
+
+
+@pytest.mark.ex4_3
+@pytest.mark.parametrize("seed", range(12))
+def test_hits_under_a_shared_prefix_workload(seed):
+    manager = make_manager(8 + 2 * (seed % 3), 4, "4.3", caching=True)
+    requests = shared_prompt_workload(seed)
+    world = ToyWorld(manager, max_running=4 + 4 * (seed % 2))
+    for req in requests:
+        world.add(req)
+    world.run()
+    check_outputs(world, requests)
+    assert manager.prefix_cache_stats.hits > 0, "16 requests over 3 prompts should hit the prefix cache"
+
+
+# ---- 4.4 eviction under load -----------------------------------------------------------------
+
+
+@pytest.mark.ex4_4
+@pytest.mark.parametrize("seed", range(20))
+def test_eviction_under_tight_memory_generates_exactly(seed):
+    manager = make_manager(8 + 2 * (seed % 3), 4, "4.4", caching=True)
+    requests = shared_prompt_workload(seed, num_prompts=3 + seed % 3)
+    world = ToyWorld(manager, max_running=4 + 4 * (seed % 2))
+    for req in requests:
+        world.add(req)
+    world.run()
+    check_outputs(world, requests)
+
+
+# ---- 4.5 fork and copies: the bookkeeping -----------------------------------------------------
+
+
+@pytest.mark.ex4_5
+def test_take_pending_copies_hands_each_copy_out_once():
+    manager = make_manager(8, 4, "4.5")
+    parent, child = forked_pair(manager, 6)
+    manager.allocate_slots(child, 1)
+    first = manager.take_pending_copies()
+    assert len(first) == 1, "the child's write into the shared block should report one copy"
+    assert manager.take_pending_copies() == [], (
+        "take_pending_copies must leave none pending: the executor would run the same copy again next step"
+    )
+    assert manager.pending_copies == [], "after take_pending_copies nothing is pending"
+    manager.allocate_slots(parent, 1)
+    assert manager.take_pending_copies() == [], "the parent's block is its own again after the child's copy"
+
+
+@pytest.mark.ex4_5
+def test_copies_are_reported_oldest_first():
+    manager = make_manager(12, 4, "4.5")
+    parent, child = forked_pair(manager, 6)
+    table = manager.req_to_blocks[child.id]
+    olds = [table[0].block_id, table[1].block_id]
+    copies = manager._copy_on_write(table, [0, 1])
+    assert [b.block_id for b in copies] == [table[0].block_id, table[1].block_id], (
+        "the copies should come back in the order of the indices, each in its place in the table"
+    )
+    assert manager.take_pending_copies() == list(zip(olds, [b.block_id for b in copies])), (
+        "pending copies are (src, dst) pairs, oldest first"
+    )
+
+
+@pytest.mark.ex4_5
+def test_a_forked_child_publishes_only_its_own_blocks(offered):
+    manager = make_manager(12, 4, "4.5", caching=True)
+    calls = offered(manager)
+    parent = request(1, SYSTEM + [1, 2])
+    manager.allocate_slots(parent, parent.num_tokens)
+    parent.num_computed_tokens = parent.num_tokens
+    child = request(2, SYSTEM + [1, 2], num_computed_tokens=parent.num_tokens)
+    manager.fork(parent, child)
+    assert manager.num_cached_block[child.id] == manager.num_cached_block[parent.id], (
+        "the child inherits the parent's publishing progress (num_cached_block)"
+    )
+    del calls[:]
+    child.output_tokens += [8, 9]
+    manager.allocate_slots(child, 2)
+    assert calls == [manager.get_block_ids(child)[3]], (
+        "after a fork the child offers only the block it fills itself: the shared blocks are already published"
+    )
+
+
+@pytest.mark.ex4_5
+@pytest.mark.parametrize("seed", range(16))
+def test_parallel_samples_generate_exactly(seed):
+    manager = make_manager(10 + 2 * (seed % 3), 4, "4.5", caching=seed % 2 == 0)
+    requests = shared_prompt_workload(seed, num_requests=10)
+    world = ToyWorld(manager, max_running=6)
+    for i, req in enumerate(requests):
+        world.add(req, forks=1 + (i % 2) if i % 3 == 0 else 0)
+    world.run()
+    check_outputs(world, requests)
+    assert world.children, "the workload forks parallel samples"
+
+
+# ---- 4.6 which blocks are copied, under load ------------------------------------------------------
+
+
+@pytest.mark.ex4_6
+def test_can_allocate_after_a_fork_into_a_full_pool():
+    manager = make_manager(2, 4, "4.6")
+    parent, child = forked_pair(manager, 6)
+    assert manager.can_allocate(child, 1) is False, (
+        "the child's next token goes into a shared block, which needs a copy, and no block is free: "
+        "can_allocate must say no (allocate_slots returns None)"
+    )
+    assert manager.allocate_slots(child, 1) is None, "no free block: the copy-on-write cannot happen"
+
+
+@pytest.mark.ex4_6
+def test_a_write_spanning_shared_blocks_copies_each_once():
+    manager = make_manager(12, 4, "4.6")
+    parent = request(1, list(range(10)))
+    manager.allocate_slots(parent, 10)
+    parent.num_computed_tokens = 6  # the last 4 tokens are recomputed: blocks 1 and 2 are written
+    child = request(2, list(range(10)), num_computed_tokens=6)
+    manager.fork(parent, child)
+    assert manager._shared_blocks_to_write(child, 6, 10) == [1, 2], (
+        "positions 6-9 fall in blocks 1 and 2, both shared: both need a copy, each once, in order"
+    )
+    assert manager._shared_blocks_to_write(child, 8, 9) == [2], "position 8 falls in block 2 only"
+
+
+@pytest.mark.ex4_6
+@pytest.mark.parametrize("seed", range(20))
+def test_forks_preemption_and_prefix_caching_generate_exactly(seed):
+    manager = make_manager(10 + 2 * (seed % 3), 4, "4.6", caching=True)
+    requests = shared_prompt_workload(seed, num_requests=12)
+    world = ToyWorld(manager, max_running=4 + 3 * (seed % 2))
+    for i, req in enumerate(requests):
+        world.add(req, forks=1 if i % 4 == 1 else 0)
+    world.run()
+    check_outputs(world, requests)
+
+
+class WorldMachine(RuleBasedStateMachine):
+    """Requests arrive, fork and step at random; the toy world reads every token back, outputs must be exact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.manager = make_manager(10, 4, "4.6", caching=True)
+        self.world = ToyWorld(self.manager, max_running=5)
+        self.prompts = [[(37 * p + 11 * i) % 1000 for i in range(5 + 3 * p)] for p in range(3)]
+        self.requests: list[Request] = []
+
+    @rule(prompt=st.integers(0, 2), extra=st.integers(0, 3), new=st.integers(1, 6), forks=st.integers(0, 1))
+    def arrive(self, prompt: int, extra: int, new: int, forks: int) -> None:
+        req = Request(len(self.requests), self.prompts[prompt] + [500 + extra] * extra, max_new_tokens=new)
+        self.requests.append(req)
+        self.world.add(req, forks=forks)
+
+    @precondition(lambda self: self.world.waiting or self.world.running)
+    @rule()
+    def step(self) -> None:
+        self.world.step()
+
+    def teardown(self) -> None:
+        self.world.run()
+        check_outputs(self.world, self.requests)
+        assert self.manager.get_num_free_blocks() == self.manager.num_blocks, "every request ended: all blocks free"
+
+
+TestWorldMachine = pytest.mark.ex4_6(WorldMachine.TestCase)
+TestWorldMachine.settings = settings(max_examples=10, stateful_step_count=25, deadline=None, derandomize=True)
