@@ -13,6 +13,7 @@ Source: github.com/kvcache-ai/Mooncake, FAST25-release/traces/ (Apache 2.0); not
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -97,12 +98,22 @@ def load_trace(name: str | Path = "conversation", limit: int | None = None) -> l
     return list(iter_trace(name, limit))
 
 
-def block_tokens(hash_id: int, block_size: int) -> list[int]:
-    """Stand-in tokens of one trace block: equal ids give equal tokens, different ids different tokens."""
-    return [hash_id * block_size + offset for offset in range(block_size)]
+def block_tokens(hash_id: int, block_size: int, vocab_size: int | None = None) -> list[int]:
+    """Stand-in tokens of one trace block: equal ids give equal tokens, different ids different tokens.
+
+    Without `vocab_size` the tokens are hash_id * block_size + offset (distinct for distinct ids). With
+    it, they are drawn from the vocabulary by a hash of (id, offset): two different ids then give the
+    same block with probability vocab_size ** -block_size (use blocks of 4 tokens or more).
+    """
+    if vocab_size is None:
+        return [hash_id * block_size + offset for offset in range(block_size)]
+    return [
+        int.from_bytes(hashlib.blake2b(f"{hash_id}:{offset}".encode(), digest_size=8).digest(), "big") % vocab_size
+        for offset in range(block_size)
+    ]
 
 
-def prompt_tokens(request: TraceRequest, block_size: int = 2) -> list[int]:
+def prompt_tokens(request: TraceRequest, block_size: int = 2, vocab_size: int | None = None) -> list[int]:
     """A prompt of `block_size`-token blocks standing for the request's 512-token blocks.
 
     Each full trace block becomes one full block; a partial last block becomes a partial block of
@@ -111,14 +122,23 @@ def prompt_tokens(request: TraceRequest, block_size: int = 2) -> list[int]:
     if block_size < 1:
         raise ValueError(f"block_size is {block_size}; a block holds at least one token.")
     full = request.num_full_blocks
-    tokens = [token for hash_id in request.hash_ids[:full] for token in block_tokens(hash_id, block_size)]
+    tokens = [token for i in request.hash_ids[:full] for token in block_tokens(i, block_size, vocab_size)]
     leftover = request.input_length - full * TRACE_BLOCK_SIZE
     if leftover:
         if block_size == 1:
             raise ValueError("block_size 1 cannot show a partial block; use 2 or more.")
         share = min(block_size - 1, max(1, round(leftover * block_size / TRACE_BLOCK_SIZE)))
-        tokens += block_tokens(request.hash_ids[full], block_size)[:share]
+        tokens += block_tokens(request.hash_ids[full], block_size, vocab_size)[:share]
     return tokens
+
+
+def truncated(request: TraceRequest, max_blocks: int) -> TraceRequest:
+    """The request cut to its first `max_blocks` blocks (its shared prefix is kept; the rest is dropped)."""
+    if len(request.hash_ids) <= max_blocks:
+        return request
+    return TraceRequest(
+        request.timestamp_ms, max_blocks * TRACE_BLOCK_SIZE, request.output_length, request.hash_ids[:max_blocks]
+    )
 
 
 def to_request(request: TraceRequest, request_id: int, block_size: int = 2) -> Request:
@@ -145,4 +165,5 @@ __all__ = [
     "load_trace",
     "prompt_tokens",
     "to_request",
+    "truncated",
 ]

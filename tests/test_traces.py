@@ -191,3 +191,35 @@ def test_the_lru_policy_pool_replays_like_the_block_pool(conversation):
         plain = replay(trace, requests, num_blocks).hit_tokens
         assert replay(trace, requests, num_blocks, pool_class=LRUBlockPool).hit_tokens == plain
     assert replay(trace, requests, 2000, pool_class=FIFOBlockPool).hit_tokens != plain, "FIFO is another policy"
+
+
+# ---- real arrivals for the serving study ------------------------------------------------------
+
+
+def test_trace_arrivals_scale_time_and_length(conversation):
+    from kvcourse.bench.serving import trace_arrivals
+
+    pairs = trace_arrivals(conversation[:50], time_scale=0.5)
+    first_time, first = pairs[0]
+    assert first_time == 0 and len(first.prompt_tokens) == 13 * 8 + 2 and first.max_new_tokens == 8  # 6,758 / 64
+    assert [t for t, _ in pairs] == [(r.timestamp_ms - conversation[0].timestamp_ms) / 2000 for r in conversation[:50]]
+    assert first.prompt_tokens[:8] == pairs[1][1].prompt_tokens[:8], "requests 0 and 1 share block 0"
+    assert first.prompt_tokens[8:16] != pairs[1][1].prompt_tokens[8:16]
+    long = TraceRequest(0, 200 * 512, 64, tuple(range(200)))
+    ((_, cut),) = trace_arrivals([long], max_blocks=112)
+    assert len(cut.prompt_tokens) == 112 * 8 and len(cut.prompt_tokens) + cut.max_new_tokens <= 1024
+    with pytest.raises(ValueError, match="time_scale"):
+        trace_arrivals(conversation[:2], time_scale=0)
+
+
+@needs_reference
+def test_serving_the_trace_with_and_without_prefix_caching():
+    from kvcourse.bench.serving import trace_prefix_caching
+
+    study = trace_prefix_caching(num_requests=120, caches={"small": 600, "large": 20_000})
+    off, small, large = study["rows"]
+    assert [row["prefix_caching"] for row in study["rows"]] == ["off", "on, small", "on, large"]
+    assert off["hit_rate"] == 0 and 0 < small["hit_rate"] <= large["hit_rate"]
+    assert large["tokens_fed"] < off["tokens_fed"], "prefix hits are tokens the model does not compute"
+    assert all(row["outputs_correct"] for row in study["rows"]), "a wrong prefix hit would change the outputs"
+    assert all(row["requests"] == 120 for row in study["rows"])

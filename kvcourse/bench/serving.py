@@ -13,7 +13,8 @@ measures the same on the course's scheduler under Poisson arrivals, through the 
 Four parts: a request-rate sweep (the latency-throughput knee), a token-budget sweep (the
 chunked-prefill trade-off), FCFS against skip-ahead admission on a long-tailed workload (the p99 TTFT
 of the long prompts), and the policy knobs: a watermark (preemptions and recomputed tokens) and swap
-against recompute (the crossover prompt length).
+against recompute (the crossover prompt length). A fifth replays real arrivals: the first minutes of
+Mooncake's conversation trace, scaled to the toy world, served with prefix caching off and on.
 
     python -m kvcourse.bench serving [--quick] [--json]
 """
@@ -31,6 +32,9 @@ from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy.arrivals import RequestTimes, ServingRun, SimulatedClock, StepCost, serve
+from kvcourse.toy.executor import ToyExecutor
+from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_generate
+from kvcourse.traces import TRACE_BLOCK_SIZE, TraceRequest, load_trace, prompt_tokens, truncated
 
 PERCENTILES = (50, 90, 99)
 LONG_PROMPT = 160  # prompts at least this long are "long" in the long-tailed workload
@@ -406,6 +410,100 @@ def wall_clock_sweep(rates: Sequence[float], num_requests: int, model, num_block
     return rows
 
 
+# ---- Real arrivals: Mooncake's conversation trace, scaled to the toy world (notebook 07, section 11) ----
+TRACE_TOKENS_PER_BLOCK = 8  # a 512-token trace block becomes 8 toy tokens: every length is divided by 64
+TRACE_MAX_BLOCKS = 112  # prompts cut to 112 blocks (896 tokens): prompt and output fit GPT-2's 1,024 positions
+# Caches in blocks of 8 toy tokens, i.e. 512 real tokens each: 3,800 blocks are 1.95 M real tokens, the KV
+# cache of GPT-2 small on an 80 GB GPU (notebook 04); 100,000 blocks are 51 M tokens, a cluster's pool.
+TRACE_CACHES = {"one GPU": 3_800, "cluster pool": 100_000}
+
+
+def trace_arrivals(
+    trace: Sequence[TraceRequest],
+    *,
+    time_scale: float = 1.0,
+    tokens_per_block: int = TRACE_TOKENS_PER_BLOCK,
+    max_blocks: int = TRACE_MAX_BLOCKS,
+    vocab_size: int = TOY_VOCAB_SIZE,
+) -> list[tuple[float, Request]]:
+    """The trace as (arrival s, Request) pairs: times from its first request x time_scale, lengths / 64.
+
+    Each 512-token block becomes `tokens_per_block` toy tokens drawn from its hash id (equal ids share,
+    so prefix caching finds what the trace shares); outputs shrink by the same factor (at least 1 token).
+    """
+    if time_scale <= 0:
+        raise ValueError(f"time_scale is {time_scale!r}; simulated seconds per trace second must be positive.")
+    start = trace[0].timestamp_ms if trace else 0
+    pairs = []
+    for i, source in enumerate(trace):
+        cut = truncated(source, max_blocks)
+        tokens = prompt_tokens(cut, tokens_per_block, vocab_size)
+        outputs = max(1, round(source.output_length * tokens_per_block / TRACE_BLOCK_SIZE))
+        pairs.append(((source.timestamp_ms - start) / 1000 * time_scale, Request(i, tokens, outputs)))
+    return pairs
+
+
+def trace_prefix_caching(
+    num_requests: int = 600,
+    time_scale: float = 1.0,
+    caches: dict[str, int] | None = None,
+    token_budget: int = 256,
+    max_batch_size: int = 16,
+) -> dict:
+    """TTFT on the trace's first requests with prefix caching off, then on in each cache size (simulated clock)."""
+    from kvcourse.kv_cache import KVCacheManager
+
+    caches = TRACE_CACHES if caches is None else caches
+    trace = load_trace("conversation", limit=num_requests)
+    runs = [("off", min(caches.values()), False)] + [(f"on, {name}", blocks, True) for name, blocks in caches.items()]
+    rows = []
+    for label, num_blocks, caching in runs:
+        arrivals = trace_arrivals(trace, time_scale=time_scale)
+        manager = KVCacheManager(num_blocks, TRACE_TOKENS_PER_BLOCK, enable_prefix_caching=caching)
+        scheduler = StallFreeScheduler(token_budget, max_batch_size, manager)
+        run = serve(
+            scheduler, arrivals, SimulatedClock(GPT2_CPU_STEP_COST), ToyExecutor(block_size=TRACE_TOKENS_PER_BLOCK)
+        )
+        requests = [request for _, request in arrivals]
+        rows.append(
+            {
+                "prefix_caching": label,
+                "num_blocks": num_blocks,
+                "real_tokens_cached": num_blocks * TRACE_BLOCK_SIZE,
+                "hit_rate": manager.prefix_cache_stats.hit_rate,
+                "tokens_fed": sum(step.num_tokens for step in run.trace.steps),
+                "preemptions": scheduler.num_preemptions,
+                "outputs_correct": all(
+                    r.output_tokens == toy_generate(r.prompt_tokens, r.max_new_tokens) for r in requests
+                ),
+                **summarize(run.times, **SLO),
+            }
+        )
+    return {
+        "requests": len(trace),
+        "trace_seconds": (trace[-1].timestamp_ms - trace[0].timestamp_ms) / 1000,
+        "time_scale": time_scale,
+        "tokens_per_block": TRACE_TOKENS_PER_BLOCK,
+        "truncated": sum(len(r.hash_ids) > TRACE_MAX_BLOCKS for r in trace),
+        "rows": rows,
+    }
+
+
+def print_trace_rows(study: dict) -> None:
+    """The trace replay, one row per prefix-caching setting."""
+    print(
+        f"Mooncake conversation trace: first {study['requests']} requests ({study['trace_seconds']:.0f} s of arrivals "
+        f"x {study['time_scale']}), lengths / {TRACE_BLOCK_SIZE // study['tokens_per_block']}"
+    )
+    print("prefix caching        blocks  real tokens  hit rate  tokens fed  TTFT p50   p90   p99  correct")
+    for row in study["rows"]:
+        print(
+            f"{row['prefix_caching']:<20} {row['num_blocks']:>7,} {row['real_tokens_cached'] / 1e6:>10.1f}M "
+            f"{row['hit_rate']:>9.1%} {row['tokens_fed']:>11,} {row['ttft_p50']:>9.2f} {row['ttft_p90']:>5.2f} "
+            f"{row['ttft_p99']:>5.2f}  {row['outputs_correct']}"
+        )
+
+
 def _wall_clock_part(quick: bool) -> dict:
     """On a GPU: GPT-2 small served on the wall clock; elsewhere, a note saying why it was skipped."""
     import torch
@@ -448,6 +546,7 @@ def run(quick: bool = True, *, reference: bool = False) -> dict:
         "priority": priority_study(rate=busy, num_requests=n),
         "watermark": watermark_study((0.0, 0.05, 0.1, 0.2), rate=busy, num_requests=n),
         "swap": swap_study(),
+        "trace": trace_prefix_caching(num_requests=300 if quick else 600),
         "wall_clock": _wall_clock_part(quick),
     }
 
@@ -492,6 +591,7 @@ def print_table(result: dict) -> None:
     swap = result["swap"]
     print(f"swap vs recompute: the cost model's crossover is {swap['crossover_tokens']} tokens")
     print_swap_rows(swap["rows"])
+    print_trace_rows(result["trace"])
     wall = result["wall_clock"]
     if "skipped" in wall:
         print(f"wall clock: skipped ({wall['skipped']})")

@@ -160,6 +160,22 @@ _QUESTIONS = [
         digest="b8da1652ffc60823ce6f9be50c3000f741369fc950a82c23aa2160754be77518",
     ),
     Question(
+        id="4.d",
+        notebook="04",
+        prompt="Prefix hit rate on the chat trace with one 80 GB GPU's KV cache (8B model): (a) under 10%, (b) 10 to 25%, (c) 25 to 40%, (d) over 40%",
+        kind="choice",
+        choices=("a", "b", "c", "d"),
+        digest="41e0a4446ec60a16d7bf2ac311f6f4724f387bfdcda4ca76e422e2b1eff6ec10",
+    ),
+    Question(
+        id="4.e",
+        notebook="04",
+        prompt="Best eviction policy on the chat trace at 1 million tokens of cache: (a) LRU, (b) FIFO, (c) LFU",
+        kind="choice",
+        choices=("a", "b", "c"),
+        digest="1b544f1019d39090167efd9b030142bf75937356e56f29ba7f564e8ab9331e38",
+    ),
+    Question(
         id="5.a",
         notebook="05",
         prompt="Slot of B's token at position 6 (table [0, 5, 10], blocks of 4)",
