@@ -17,47 +17,30 @@ import json
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from kvcourse.course.exercises import EXERCISES, Exercise, get
+from kvcourse.course.results import (
+    CORRECT,
+    INCORRECT,
+    NOT_ATTEMPTED,
+    SKIPPED,
+    ExerciseResult,
+    TestOutcome,
+    id_key,
+    summarize,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests" / "exercises"
 TEST_TIMEOUT_S = int(os.environ.get("KVCOURSE_TEST_TIMEOUT_S", "30"))  # per graded test (tests lower it)
 
-CORRECT, INCORRECT, NOT_ATTEMPTED, SKIPPED = "correct", "incorrect", "not attempted", "skipped"
-
-
-@dataclass
-class TestOutcome:
-    """What one graded test said, in words a learner can act on."""
-
-    nodeid: str
-    exercises: list[str]
-    passed: bool
-    skipped: bool = False
-    message: str = ""
-    stub_of: str | None = None  # the exercise whose NotImplementedError stopped the test
-    timed_out: bool = False
-
-
-@dataclass
-class ExerciseResult:
-    """One scoreboard row."""
-
-    id: str
-    title: str
-    path: str
-    passed: int = 0
-    total: int = 0
-    status: str = NOT_ATTEMPTED
-    message: str = ""
-    hint: str = ""
-    needs: str | None = None  # an earlier exercise this one's tests run through, still a stub
-    outcomes: list[TestOutcome] = field(default_factory=list)
+__all__ = ["CORRECT", "INCORRECT", "NOT_ATTEMPTED", "SKIPPED", "ExerciseResult", "TestOutcome", "main", "run"]
 
 
 def _plain_message(excinfo) -> tuple[str, str | None, bool]:
@@ -96,18 +79,26 @@ def _import_error_message(longrepr: str) -> str:
 
 
 class _Collector:
-    """A pytest plugin that records every graded test's outcome and drives a progress bar."""
+    """A pytest plugin that records every graded test's outcome and drives a progress bar.
 
-    def __init__(self, show_progress: bool) -> None:
+    `emit`, when given, receives one dict per event as it happens (the sandbox's child streams them to its
+    parent): {"start": nodeid} before a test, {"test": {...outcome}} after it, {"collect_error": ...}.
+    """
+
+    def __init__(self, show_progress: bool, emit: Callable[[dict], None] | None = None) -> None:
         self.outcomes: dict[str, TestOutcome] = {}
         self.import_errors: dict[str, str] = {}  # test file name -> what went wrong importing it
         self.show_progress = show_progress
+        self.emit = emit
         self.bar = None
 
     def pytest_collectreport(self, report) -> None:
         """A test file that cannot even be imported (a syntax error in kvcourse/, say) is kept, in words."""
         if report.failed:
-            self.import_errors[Path(str(report.fspath)).name] = _import_error_message(str(report.longrepr))
+            name = Path(str(report.fspath)).name
+            self.import_errors[name] = _import_error_message(str(report.longrepr))
+            if self.emit:
+                self.emit({"collect_error": name, "message": self.import_errors[name]})
 
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
@@ -118,6 +109,10 @@ class _Collector:
 
             self.bar = tqdm(total=len(items), desc="grading", unit="test", file=sys.stderr, leave=False)
 
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        if self.emit and nodeid in self.outcomes:
+            self.emit({"start": nodeid})
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
         report = (yield).get_result()
@@ -125,12 +120,22 @@ class _Collector:
         if outcome is None:
             return
         if report.skipped:
-            outcome.skipped = True
-            outcome.message = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+            from _pytest.skipping import skipped_by_mark_key
+
+            reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+            outcome.passed, outcome.skipped = False, True
+            outcome.excused = bool(item.stash.get(skipped_by_mark_key, False)) and report.when == "setup"
+            if outcome.excused:
+                outcome.message = reason.removeprefix("Skipped: ")
+            else:
+                outcome.message = (
+                    f"the test was skipped from inside the code under test ({reason or 'no reason given'}); "
+                    "a skip counts as a failure."
+                )
         elif report.failed and not outcome.message:
             outcome.passed = False
             outcome.message, outcome.stub_of, outcome.timed_out = _plain_message(call.excinfo)
-        elif report.when == "call" and report.passed and not outcome.message:
+        elif report.when == "call" and report.passed and not outcome.message and not outcome.skipped:
             outcome.passed = True
 
     def pytest_runtest_setup(self, item) -> None:
@@ -140,77 +145,43 @@ class _Collector:
             pytest.fail("not run: an earlier test of this exercise timed out.", pytrace=False)
 
     def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        if self.emit and nodeid in self.outcomes:
+            self.emit({"test": asdict(self.outcomes[nodeid])})
         if self.bar is not None:
             self.bar.update(1)
 
 
-def _own_stub_message(exercise: Exercise) -> str | None:
-    """The message of the exercise's own `raise NotImplementedError`, if it is still in the learner's file."""
-    path = ROOT / exercise.path
-    found = (
-        re.search(rf'NotImplementedError\(\s*"(Exercise {re.escape(exercise.id)} \(.*?)"\s*\)', path.read_text())
-        if path.exists()
-        else None
-    )
-    return found[1] if found else None
+def _texts(exercise: Exercise, solutions: bool) -> tuple[str | None, str | None]:
+    """(the graded file's text, the pristine stub's text) for telling "not attempted" from "incorrect"."""
+    graded = ROOT / ("solutions" if solutions else "kvcourse") / f"{exercise.module}.py"
+    text = graded.read_text() if graded.is_file() else None
+    solution = ROOT / "solutions" / f"{exercise.module}.py"
+    stub = None
+    if solution.is_file():
+        from kvcourse.course.stubs import stub_for
+
+        stub = stub_for(solution)[0]
+    return text, stub
 
 
-def _summarize(exercise: Exercise, outcomes: list[TestOutcome]) -> ExerciseResult:
-    """Fold one exercise's test outcomes into a status, the first failure and a hint."""
-    result = ExerciseResult(exercise.id, exercise.title, exercise.path, outcomes=outcomes)
-    ran = [o for o in outcomes if not o.skipped]
-    result.total = len(ran)
-    result.passed = sum(o.passed for o in ran)
-    failures = [o for o in ran if not o.passed]
-    if not outcomes:
-        result.status, result.message = INCORRECT, "no graded tests found for this exercise."
-    elif not ran:
-        result.status, result.message = SKIPPED, outcomes[0].message
-    elif not failures:
-        result.status = CORRECT
-    elif all(o.stub_of for o in failures) and (
-        all(o.stub_of == exercise.id for o in failures) or _own_stub_message(exercise)
-    ):
-        # Only stubs stopped the tests, and this exercise's own stub is still there: not started yet.
-        result.status = NOT_ATTEMPTED
-        result.message = _own_stub_message(exercise) or failures[0].message
-        result.needs = next((o.stub_of for o in failures if o.stub_of != exercise.id), None)
-    else:
-        result.status = INCORRECT
-        first = next((o for o in failures if o.stub_of is None), failures[0])
-        if first.stub_of and first.stub_of != exercise.id:
-            needed = EXERCISES.get(first.stub_of)
-            title = f" ({needed.title})" if needed else ""
-            result.message = f"this exercise builds on Exercise {first.stub_of}{title}; finish that one first."
-        else:
-            result.message = first.message
-            result.hint = exercise.hint
-    return result
-
-
-def _test_files(selected: list[Exercise]) -> list[str]:
+def _test_files(selected: list[Exercise], tests: Path = TESTS) -> list[str]:
     """Only the graded test files that mention a selected marker: collecting is the slow part of a check."""
-    files = [p for p in sorted(TESTS.glob("test_*.py")) if any(ex.marker in p.read_text() for ex in selected)]
-    return [str(p) for p in files] or [str(TESTS)]
+    files = [p for p in sorted(tests.glob("test_*.py")) if any(ex.marker in p.read_text() for ex in selected)]
+    return [str(p) for p in files] or [str(tests)]
 
 
-def run(
-    exercise_ids: list[str] | None = None, solutions: bool = False, show_progress: bool = False
-) -> list[ExerciseResult]:
-    """Run the graded tests in this process and return one result per exercise."""
-    selected = [get(i) for i in exercise_ids] if exercise_ids else list(EXERCISES.values())
-    if solutions:
-        os.environ["KVCOURSE_SOLUTIONS"] = "1"
-    collector = _Collector(show_progress)
-    marker_expr = " or ".join(ex.marker for ex in selected)
-    args = [
-        *_test_files(selected),
+def pytest_args(selected: list[Exercise], root: Path = ROOT) -> list[str]:
+    """The pytest command line that runs the graded tests of `selected` under `root`."""
+    return [
+        *_test_files(selected, root / "tests" / "exercises"),
         "-m",
-        marker_expr,
+        " or ".join(ex.marker for ex in selected),
         "-p",
         "no:cacheprovider",
         "-p",
         "no:randomly",
+        "-p",
+        "no:nbval",  # grading never reads a notebook; loading nbval's Jupyter stack costs seconds per run
         f"--timeout={TEST_TIMEOUT_S}",
         "--assert=plain",  # feedback shows the tests' own messages only, so skip rewriting (seconds per check)
         "--continue-on-collection-errors",
@@ -218,10 +189,25 @@ def run(
         "-o",
         "addopts=",  # pyproject's addopts name nbval's options: a learner's install (Colab, Gradescope) has no nbval
         "--rootdir",
-        str(ROOT),
+        str(root),
     ]
+
+
+def run(
+    exercise_ids: list[str] | None = None, solutions: bool = False, show_progress: bool = False
+) -> list[ExerciseResult]:
+    """Run the graded tests in this process and return one result per exercise (the learner's own check).
+
+    `solutions` alone decides whose code runs: KVCOURSE_SOLUTIONS is set for the reference and removed otherwise.
+    """
+    selected = [get(i) for i in exercise_ids] if exercise_ids else list(EXERCISES.values())
+    if solutions:
+        os.environ["KVCOURSE_SOLUTIONS"] = "1"
+    else:
+        os.environ.pop("KVCOURSE_SOLUTIONS", None)
+    collector = _Collector(show_progress)
     with contextlib.redirect_stdout(io.StringIO()) as log:
-        code = pytest.main(args, plugins=[collector])
+        code = pytest.main(pytest_args(selected), plugins=[collector])
     if collector.bar is not None:
         collector.bar.close()
     if code not in (0, 1, 5):  # 5: nothing collected, reported per exercise below
@@ -229,7 +215,7 @@ def run(
     results = []
     for exercise in selected:
         outcomes = [o for o in collector.outcomes.values() if exercise.id in o.exercises]
-        result = _summarize(exercise, outcomes)
+        result = summarize(exercise, outcomes, *_texts(exercise, solutions))
         broken = [msg for name, msg in collector.import_errors.items() if exercise.marker in (TESTS / name).read_text()]
         if broken:
             result.status, result.message, result.hint = INCORRECT, broken[0], ""
@@ -238,11 +224,12 @@ def run(
 
 
 def scoreboard(results: list[ExerciseResult]) -> str:
-    """A plain-text table: exercise, title, tests passed, status."""
+    """A plain-text table in course order: exercise, title, tests passed, status."""
+    results = sorted(results, key=lambda r: id_key(r.id))
     width = max(len(r.title) for r in results)
     lines = [f"{'exercise':<9} {'title':<{width}}  {'passed':>7}  status", "-" * (width + 30)]
     for r in results:
-        lines.append(f"{r.id:<9} {r.title:<{width}}  {f'{r.passed}/{r.total}':>7}  {r.status}")
+        lines.append(f"{r.id:<9} {r.title:<{width}}  {f'{r.passed}/{r.total - r.skipped}':>7}  {r.status}")
     done = sum(r.status == CORRECT for r in results)
     lines.append("-" * (width + 30))
     lines.append(f"{done} of {len(results)} exercises correct.")
@@ -250,10 +237,10 @@ def scoreboard(results: list[ExerciseResult]) -> str:
 
 
 def questions_scoreboard() -> str:
-    """The prediction questions answered in the notebooks with answer(id, value): asked, right or not yet."""
+    """The prediction questions answered in the notebooks with answer(id, value), in course order."""
     from kvcourse.course.questions import question_results
 
-    rows = question_results()
+    rows = sorted(question_results(), key=lambda r: id_key(r["id"]))
     right = sum(r["status"] == CORRECT for r in rows)
     lines = ["", f"{'question':<9} {'title':<50} status"]
     lines += [f"{r['id']:<9} {r['title'][:50]:<50} {r['status']}" for r in rows]
@@ -265,20 +252,24 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: print the scoreboard (or JSON) and exit 0 only if all pass."""
     parser = argparse.ArgumentParser(prog="python -m kvcourse.grade", description="Grade the course exercises.")
     parser.add_argument("exercises", nargs="*", help="exercise ids such as 2.1 (default: all)")
-    parser.add_argument("--solutions", action="store_true", help="grade the reference solutions instead of kvcourse/")
+    parser.add_argument(
+        "--solutions", action="store_true", help="grade the reference in solutions/ (KVCOURSE_SOLUTIONS is ignored)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--gradescope", metavar="PATH", type=Path, help="also write Gradescope's results.json to PATH")
     args = parser.parse_args(argv)
+    ignored = not args.solutions and os.environ.get("KVCOURSE_SOLUTIONS", "").strip() not in ("", "0")
+    if ignored and not args.json:
+        print("KVCOURSE_SOLUTIONS is set but ignored: grading kvcourse/ (pass --solutions for the reference).")
     try:
         results = run(args.exercises or None, solutions=args.solutions, show_progress=not args.json)
     except ValueError as error:
         parser.error(str(error))
     if args.gradescope:
-        from kvcourse.course.gradescope import write_results
-
         write_results(args.gradescope, results)
     if args.json:
-        print(json.dumps({"solutions": args.solutions, "results": [asdict(r) for r in results]}))
+        graded = "solutions/" if args.solutions else "kvcourse/"
+        print(json.dumps({"solutions": args.solutions, "graded": graded, "results": [asdict(r) for r in results]}))
     else:
         print(scoreboard(results))
         if not args.exercises and not args.solutions:

@@ -1,30 +1,44 @@
-"""Grade a class on Gradescope: results.json in its schema, and the autograder zip that produces it.
+"""Grade a class on Gradescope (or any folder of submitted files): the autograder zip and the sandboxed grading.
 
-    python -m kvcourse.grade --gradescope results.json     # grade kvcourse/ and write Gradescope's file
-    python -m kvcourse.course.gradescope build autograder.zip   # the zip to upload as the autograder
-    python -m kvcourse.course.gradescope place SUBMISSION_DIR   # put a student's exercise modules in place
+    python -m kvcourse.course.gradescope build autograder.zip          # the zip to upload as the autograder
+    python -m kvcourse.course.gradescope grade SUBMISSION_DIR --out results.json   # grade one submission, safely
+    python -m kvcourse.course.gradescope place SUBMISSION_DIR          # copy a submission's modules into kvcourse/
 
-The zip holds the course with fresh stubs (never the reference: a submission could import it), a
-`setup.sh` that installs it, and a `run_autograder` that places the submitted modules and grades them.
+The zip holds exactly the tracked course files the grading needs, with fresh stubs (never the reference: a
+submission could import it), a `setup.sh` that installs it and a `run_autograder` that runs `grade` on
+/autograder/submission. `grade` copies the course to a scratch folder without solutions/, reads each submitted
+module with the static check (kvcourse/course/static_check.py), and runs the graded tests in sandboxed child
+processes (kvcourse/course/sandbox.py); this process never imports submitted code and always writes results.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import stat
+import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
-from kvcourse.course.exercises import EXERCISE_MODULES, EXERCISES
-from kvcourse.course.grade import CORRECT, NOT_ATTEMPTED, SKIPPED, ExerciseResult
+from kvcourse.course.exercises import EXERCISE_MODULES, EXERCISES, get
+from kvcourse.course.results import (  # noqa: F401  (feedback, results_json, write_results: this module's API)
+    ExerciseResult,
+    fallback_results,
+    feedback,
+    results_json,
+    write_json,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-ICONS = {"correct": "✅", "incorrect": "❌", "not attempted": "⏳", "skipped": "⏭️"}
-
-# What the autograder needs of the course: the package, the graded tests and what they import.
-SOURCES = ["pyproject.toml", "README.md", "conftest.py", "kvcourse", "tests/exercises"]
+SOURCES = ["pyproject.toml", "README.md", "conftest.py", "kvcourse", "tests/exercises"]  # what grading needs
+NEVER_SHIPPED = (".orig", ".rej", ".bak", ".pyc", ".swp", "~")  # editor and merge leftovers
+SKIPPED_FOLDERS = {"solutions", ".venv", "site-packages", "__MACOSX", ".ipynb_checkpoints", ".git", "__pycache__"}
+MAX_MODULE_BYTES = 512 << 10  # a submitted module larger than this is not read (the reference's largest: 40 kB)
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, when the autograder image is built: install the course.
@@ -39,117 +53,203 @@ export PIP_BREAK_SYSTEM_PACKAGES=1  # a throwaway container: install into its sy
 # Gradescope has no GPU: take torch's CPU build instead of gigabytes of CUDA libraries.
 python3 -m pip install torch --index-url https://download.pytorch.org/whl/cpu
 python3 -m pip install -e .
+# The user the submitted code runs as: it owns nothing, so it cannot write the results or the course.
+id kvgrader >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin kvgrader
+chmod -R a+rX .
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for each submission: put the student's exercise modules in place, grade them,
-# write results.json. KVCOURSE_AUTOGRADER_ROOT stands in for /autograder (tests use a temporary one).
-set -euo pipefail
+# Gradescope runs this for each submission: grade it in a sandbox, write results.json (always).
+# KVCOURSE_AUTOGRADER_ROOT stands in for /autograder (tests use a temporary one).
+set -uo pipefail
 AUTOGRADER="${KVCOURSE_AUTOGRADER_ROOT:-/autograder}"
+RESULTS="$AUTOGRADER/results/results.json"
 cd "$(dirname "$0")"
-export HF_HUB_OFFLINE=1
 unset KVCOURSE_SOLUTIONS
-python3 -m kvcourse.course.gradescope place "$AUTOGRADER/submission"
+export HF_HUB_OFFLINE=1
 mkdir -p "$AUTOGRADER/results"
-# The grade exits 1 when an exercise fails; Gradescope reads the scores from results.json either way.
-python3 -m kvcourse.grade --gradescope "$AUTOGRADER/results/results.json" || true
+rm -f "$RESULTS"
+# The grader bounds its own run (KVCOURSE_GRADE_TIMEOUT_S, 540 s by default); this bounds the grader.
+timeout --kill-after=30 "${KVCOURSE_AUTOGRADER_TIMEOUT_S:-620}" \\
+    python3 -m kvcourse.course.gradescope grade "$AUTOGRADER/submission" --out "$RESULTS"
+status=$?
+if [ ! -s "$RESULTS" ]; then
+    printf '{"score": 0.0, "output": "The grader failed (exit code %s) before it wrote any result, not your code. Tell your instructor.", "tests": []}\\n' "$status" > "$RESULTS"
+    exit 1
+fi
+exit "$status"
 """
 
 
-def feedback(result: ExerciseResult) -> str:
-    """What check() would say about this exercise, as text for the student's Gradescope page."""
-    head = f"{ICONS[result.status]} Exercise {result.id} ({result.title}):"
-    counts = f" {result.passed}/{result.total} tests pass." if result.total else ""
-    if result.status == CORRECT:
-        return f"{head} correct.{counts}"
-    if result.status == NOT_ATTEMPTED:
-        return f"{head} not attempted: {result.path} still raises NotImplementedError under its TODO."
-    if result.status == SKIPPED:
-        return f"{head} skipped: {result.message}"
-    lines = [f"{head} not yet.{counts}", f"   What failed: {result.message}"]
-    if result.hint:
-        lines.append(f"   Hint: {result.hint}")
-    return "\n".join(lines)
+class GraderBroken(RuntimeError):
+    """The grader itself failed (not the submission): a fallback results.json was written."""
 
 
-def results_json(results: list[ExerciseResult], points: float = 1.0) -> dict:
-    """Gradescope's results.json: one test per exercise, scored by the share of its tests that pass."""
-    tests = []
-    for result in results:
-        share = result.passed / result.total if result.total else 0.0
-        if result.status == SKIPPED:
-            share = 1.0  # a test skipped for want of a GPU is not the student's fault
-        tests.append(
-            {
-                "name": f"Exercise {result.id}: {result.title}",
-                "number": result.id,
-                "score": round(points * share, 4),
-                "max_score": points,
-                "status": "passed" if result.status in (CORRECT, SKIPPED) else "failed",
-                "output": feedback(result),
-                "visibility": "visible",
-            }
-        )
-    done = sum(r.status == CORRECT for r in results)
-    return {
-        "score": round(sum(t["score"] for t in tests), 4),
-        "output": f"{done} of {len(results)} exercises correct.",
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": tests,
-    }
+def find_submission(submission: Path) -> tuple[dict[str, str], list[str]]:
+    """The exercise modules in a submission ({module: text}) and what was ignored, in words.
+
+    Regular files only, read without following a link: a symlink, a device, a folder named like a module or a
+    file over MAX_MODULE_BYTES is ignored (and said). kvcourse/<module>.py wins over a loose <module>.py.
+    """
+    if not submission.is_dir():
+        raise ValueError(f"submission folder {submission} does not exist: pass the folder Gradescope unpacked.")
+    wanted = {f"{m}.py": m for m in EXERCISE_MODULES}
+    candidates: dict[str, list[Path]] = {}
+    ignored, others = [], 0
+    for folder, dirs, files in os.walk(submission, followlinks=False):
+        here = Path(folder)
+        for name in list(dirs):
+            if name in SKIPPED_FOLDERS or (here / name).is_symlink():
+                dirs.remove(name)
+            if name in wanted:
+                ignored.append(f"{(here / name).relative_to(submission)} (a folder, not a file)")
+        for name in files:
+            if name in wanted:
+                candidates.setdefault(wanted[name], []).append(here / name)
+            else:
+                others += 1
+    found = {}
+    for module, paths in sorted(candidates.items()):
+        paths.sort(key=lambda p: (p.parent.name != "kvcourse", len(p.parts), str(p)))
+        for path in paths:
+            why = _unreadable(path)
+            shown = path.relative_to(submission).as_posix()
+            if why:
+                ignored.append(f"{shown} ({why})")
+            elif module in found:
+                ignored.append(f"{shown} (another {module}.py was taken)")
+            else:
+                found[module] = path.read_bytes().decode()
+    if others:
+        ignored.append(f"{others} other file(s): only the exercise modules are graded")
+    return found, ignored
 
 
-def write_results(path: Path, results: list[ExerciseResult]) -> None:
-    """Write results.json where Gradescope looks for it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results_json(results), indent=2, ensure_ascii=False) + "\n")
+def _unreadable(path: Path) -> str | None:
+    """Why a submitted file is not taken (a link, not a regular file, too large, not UTF-8 text), or None."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        return "a link: submit the file itself"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_size > MAX_MODULE_BYTES:
+        return f"larger than {MAX_MODULE_BYTES >> 10} kB"
+    try:
+        path.read_bytes().decode()
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    return None
 
 
-def _submitted(submission: Path, module: str) -> Path | None:
-    """The student's <module>.py: kvcourse/<module>.py if the submission is the repository, else a loose file."""
-    found = [
-        p
-        for p in submission.rglob(f"{module}.py")
-        if not {"solutions", ".venv", "site-packages", "__MACOSX"} & set(p.relative_to(submission).parts)
-    ]
-    found.sort(key=lambda p: (p.parent.name != "kvcourse", len(p.parts), str(p)))
-    return found[0] if found else None
+def pristine_stubs(course: Path = ROOT) -> dict[str, str]:
+    """Every exercise module's stub: grader/stubs/ in an autograder, else generated from solutions/ here."""
+    shipped = course / "grader" / "stubs"
+    if all((shipped / f"{m}.py").is_file() for m in EXERCISE_MODULES):
+        return {m: (shipped / f"{m}.py").read_text() for m in EXERCISE_MODULES}
+    from kvcourse.course.stubs import stub_for
+
+    solutions = ROOT / "solutions"
+    if not all((solutions / f"{m}.py").is_file() for m in EXERCISE_MODULES):
+        raise GraderBroken(f"no stubs to grade against: neither {shipped} nor {solutions} holds every exercise module.")
+    return {m: stub_for(solutions / f"{m}.py")[0] for m in EXERCISE_MODULES}
 
 
 def place(submission: Path, course: Path = ROOT) -> list[str]:
-    """Copy the exercise modules found in a submission over the stubs in course/kvcourse; say which."""
-    if not submission.is_dir():
-        raise ValueError(f"submission folder {submission} does not exist: pass the folder Gradescope unpacked.")
-    placed = []
+    """Write every exercise module of course/kvcourse: the submitted one if any, else its stub; say what was ignored."""
+    found, ignored = find_submission(submission)
+    stubs = pristine_stubs(course)
     for module in sorted(EXERCISE_MODULES):
-        source = _submitted(submission, module)
-        if source is not None:
-            shutil.copyfile(source, course / "kvcourse" / f"{module}.py")
-            placed.append(f"kvcourse/{module}.py")
-    return placed
+        (course / "kvcourse" / f"{module}.py").write_text(found.get(module, stubs[module]))
+    for note in ignored:
+        print(f"ignored {note}")
+    return [f"kvcourse/{m}.py" for m in sorted(found)]
 
 
-def _course_files() -> list[tuple[Path, str]]:
-    """(file, name in the zip) for every course file the autograder needs, caches left out."""
-    files = []
-    for entry in SOURCES:
-        path = ROOT / entry
-        for file in sorted([path] if path.is_file() else path.rglob("*")):
-            if file.is_file() and "__pycache__" not in file.parts and file.suffix != ".pyc":
-                files.append((file, file.relative_to(ROOT).as_posix()))
+# ----------------------------------------------------------------------------------------------------------
+# The build: exactly the tracked files grading needs, checked for the reference.
+
+
+def _tracked(root: Path = ROOT) -> list[str]:
+    """The course files grading needs, from `git ls-files` (so nothing untracked, ignored or generated ships)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--", *SOURCES], cwd=root, capture_output=True, check=True, timeout=60
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ValueError(f"build needs a git clone of the course (git ls-files failed: {error}).") from error
+    names = []
+    for name in listed.split("\0"):
+        parts = name.split("/")
+        if not name or "__pycache__" in parts or ".ipynb_checkpoints" in parts or name.endswith(NEVER_SHIPPED):
+            continue
+        if (root / name).is_file() and not (root / name).is_symlink():
+            names.append(name)
+    return sorted(names)
+
+
+def _solution_bodies() -> list[str]:
+    """The reference's exercise regions (three lines or more), whitespace-normalized, to find a copy anywhere."""
+    from kvcourse.course.stubs import BEGIN, END
+
+    bodies = []
+    for module in sorted(EXERCISE_MODULES):
+        lines, inside = (ROOT / "solutions" / f"{module}.py").read_text().splitlines(), None
+        for line in lines:
+            if BEGIN.match(line):
+                inside = []
+            elif END.match(line) and inside is not None:
+                code = [x.strip() for x in inside if x.strip() and not x.strip().startswith("#")]
+                if len(code) >= 3 and sum(map(len, code)) >= 80:
+                    bodies.append("\n".join(code))
+                inside = None
+            elif inside is not None:
+                inside.append(line)
+    return bodies
+
+
+def _leak(name: str, text: str, bodies: list[str]) -> str | None:
+    """Why a file must not ship (it holds a solution region or a copy of the reference), or None."""
+    from kvcourse.course.stubs import BEGIN_MARK
+
+    if BEGIN_MARK in text:
+        return f"{name} holds a solution region ({BEGIN_MARK} ...)"
+    normalized = "\n".join(x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith("#"))
+    for module in EXERCISE_MODULES:
+        if text.strip() == (ROOT / "solutions" / f"{module}.py").read_text().strip():
+            return f"{name} is a copy of solutions/{module}.py"
+    for body in bodies:
+        if body in normalized:
+            return f"{name} contains reference code of an exercise (it starts {body.splitlines()[0]!r})"
+    return None
+
+
+def course_files() -> dict[str, bytes]:
+    """{name: content} of everything the autograder needs: tracked files, fresh stubs, the grader's own files."""
+    from kvcourse.course.static_check import POLICY_FILE, derive_policy
+
+    stubs = pristine_stubs(ROOT) if (ROOT / "solutions").is_dir() else {}
+    files = {name: (ROOT / name).read_bytes() for name in _tracked()}
+    for module, text in stubs.items():
+        files[f"kvcourse/{module}.py"] = text.encode()  # the student's file, untouched: never the instructor's
+        files[f"grader/stubs/{module}.py"] = text.encode()  # what a module left out is graded as
+    policy = json.dumps(derive_policy(ROOT).to_json(), indent=1) + "\n"
+    files[f"kvcourse/course/{POLICY_FILE.name}"] = policy.encode()
+    bodies = _solution_bodies()
+    for name, data in files.items():
+        if name.endswith((".py", ".md", ".toml", ".txt", ".json", ".cfg")):
+            why = _leak(name, data.decode(errors="replace"), bodies)
+            if why:
+                raise ValueError(f"refusing to build: {why}. Remove it (or `git rm` it) and build again.")
     return files
 
 
 def build(out: Path) -> list[str]:
-    """Write the autograder zip: the course with fresh stubs, setup.sh and run_autograder at its root."""
-    from kvcourse.course.stubs import stub_for
-
+    """Write the autograder zip: the course files, setup.sh and run_autograder at its root; return the names."""
     if out.suffix != ".zip":
         raise ValueError(
             f"{out}: the autograder must be a .zip file (Gradescope's format); name it e.g. autograder.zip."
         )
-    stubs = {f"kvcourse/{m}.py": stub_for(ROOT / "solutions" / f"{m}.py")[0] for m in EXERCISE_MODULES}
+    files = course_files()
     out.parent.mkdir(parents=True, exist_ok=True)
     names = []
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -158,20 +258,93 @@ def build(out: Path) -> list[str]:
             info.external_attr = 0o755 << 16  # executable, as Gradescope runs them
             archive.writestr(info, text)
             names.append(name)
-        for file, name in _course_files():
-            if name in stubs:
-                archive.writestr(name, stubs[name])  # the student's file, untouched: never the instructor's
-            else:
-                archive.write(file, name)
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, files[name], zipfile.ZIP_DEFLATED)
             names.append(name)
     return names
 
 
+def materialize(dest: Path) -> None:
+    """Write the course to grade in `dest`: from this clone (as `build` ships it) or, in an autograder, a copy of it."""
+    dest.mkdir(parents=True)
+    if (ROOT / "solutions").is_dir() and (ROOT / ".git").exists():
+        items = course_files().items()
+    else:  # the unzipped autograder: everything but caches (and never a link)
+        items = [
+            (p.relative_to(ROOT).as_posix(), p.read_bytes())
+            for p in sorted(ROOT.rglob("*"))
+            if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        ]
+    for name, data in items:
+        path = dest / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Grading one submission.
+
+
+def grade_submission(
+    submission: Path, out: Path, exercise_ids: list[str] | None = None, limits=None, log=print
+) -> dict:
+    """Grade the submission in a scratch copy of the course, in sandboxed children; write results.json to `out`.
+
+    Raises GraderBroken (after writing a fallback results.json) only when the grader itself failed.
+    """
+    from kvcourse.course.sandbox import grade_course
+    from kvcourse.course.static_check import check_source, explain, load_policy
+
+    exercises = [get(i) for i in exercise_ids] if exercise_ids else list(EXERCISES.values())
+    found, ignored = find_submission(submission)  # a missing folder is the caller's error (ValueError)
+    scratch = Path(tempfile.mkdtemp(prefix="kvcourse-grade-"))
+    try:
+        os.chmod(scratch, 0o755)
+        course = scratch / "course"
+        materialize(course)
+        stubs = pristine_stubs(course)
+        policy = load_policy(course)
+        refused, accepted = {}, {}
+        for module, text in sorted(found.items()):
+            refusals = check_source(text, f"kvcourse/{module}.py", policy, f"kvcourse.{module}")
+            if refusals:
+                refused[module] = explain(refusals)
+            else:
+                accepted[module] = text
+        log(f"placed {', '.join(f'kvcourse/{m}.py' for m in sorted(found)) or 'nothing'}; {len(exercises)} exercises will be graded.")  # fmt: skip
+        for note in ignored:
+            log(f"ignored {note}")
+        for module, message in refused.items():
+            log(f"refused kvcourse/{module}.py: {message}")
+        results, isolation = grade_course(course, exercises, stubs, accepted, limits, refused, log=log)
+        notes = [f"Graded: {', '.join(f'kvcourse/{m}.py' for m in sorted(found)) or 'no exercise module'}"
+                 " (every module not submitted is graded as its stub)."]  # fmt: skip
+        notes += [f"Ignored: {note}." for note in ignored]
+        notes += [f"Not run: kvcourse/{m}.py ({message})" for m, message in refused.items()]
+        notes.append(f"Isolation: {isolation}")
+        data = results_json(results, note="\n".join(notes))
+        write_json(out, data)
+        return data
+    except Exception as error:
+        write_json(out, fallback_results(f"{type(error).__name__}: {error}", exercises))
+        raise GraderBroken(f"the grader failed: {type(error).__name__}: {error}") from error
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`build OUT.zip` or `place SUBMISSION_DIR`."""
+    """`build OUT.zip`, `grade SUBMISSION_DIR --out results.json` or `place SUBMISSION_DIR`."""
     parser = argparse.ArgumentParser(prog="python -m kvcourse.course.gradescope", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("build", help="write the Gradescope autograder zip").add_argument("out", type=Path)
+    grade = commands.add_parser("grade", help="grade a folder of submitted modules in a sandbox")
+    grade.add_argument("submission", type=Path)
+    grade.add_argument("--out", type=Path, required=True, help="where to write results.json")
+    grade.add_argument("--exercises", nargs="*", help="exercise ids (default: all)")
     commands.add_parser("place", help="copy a submission's exercise modules into kvcourse/").add_argument(
         "submission", type=Path
     )
@@ -179,13 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             names = build(args.out)
-            print(
-                f"wrote {args.out}: {len(names)} files; upload it as the assignment's autograder (Ubuntu 24.04 base image)."
-            )
+            print("\n".join(f"  {name}" for name in names))
+            print(f"wrote {args.out}: the {len(names)} files above; upload it as the assignment's autograder "
+                  "(Ubuntu 24.04 base image).")  # fmt: skip
+        elif args.command == "grade":
+            data = grade_submission(args.submission, args.out, args.exercises or None)
+            print(f"score {data['score']} of {len(data['tests'])}; wrote {args.out}")
         else:
             placed = place(args.submission)
             print(f"placed {', '.join(placed) or 'nothing'}; {len(EXERCISES)} exercises will be graded.")
+    except GraderBroken as error:
+        print(f"gradescope: {error}", file=sys.stderr)
+        return 2
     except ValueError as error:
+        if args.command == "grade":  # even a missing submission folder leaves a results.json
+            write_json(args.out, fallback_results(str(error)))
+            print(f"gradescope: {error}", file=sys.stderr)
+            return 0
         parser.error(str(error))
     return 0
 
