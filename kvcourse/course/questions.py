@@ -286,6 +286,22 @@ def get_question(question_id: str) -> Question:
 def _load_answers() -> dict[str, dict]:
     """The learner's recorded answers (none yet when the file does not exist or is unreadable)."""
     try:
+    Question(
+        id="9.a",
+        notebook="09",
+        prompt="Budget 16, running A (decode), P (30 tokens to go), B and C (decodes): how many of the "
+        "three decodes does vLLM's order schedule",
+        kind="int",
+        digest="0a92ccf91b15356d361b7c6e8b6fe3df34faa3ab13cd1d2fe9601c62d0d91e53",
+    ),
+    Question(
+        id="9.b",
+        notebook="09",
+        prompt="Budget 32, prompts P1 and P2 prefilling (20 tokens each): how many tokens does the course's "
+        "order give P2",
+        kind="int",
+        digest="771b6d93637b37db8e06683d426a5fd3ae72b77ac9974a9d3cfba35aa9275d90",
+    ),
         return json.loads(ANSWERS_FILE.read_text())
     except (OSError, ValueError):
         return {}
