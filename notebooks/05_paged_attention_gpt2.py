@@ -113,8 +113,10 @@ print(
 #
 # In every layer, at every step, the model computes keys and values for the tokens it is fed. Before
 # attention runs, they are stored at their slots; the model runner (section 6) computes a
-# `slot_mapping` with one slot per fed token. vLLM calls this kernel `reshape_and_cache`; in PyTorch
-# it is one indexed assignment into the cache viewed as `[num_blocks * block_size, H, D]`.
+# `slot_mapping` with one slot per fed token. For this layout (`[num_blocks, block_size, H, D]`) vLLM's
+# kernel is `reshape_and_cache_flash` (in `vllm/_custom_ops.py`, a CUDA kernel); in PyTorch it is one
+# indexed assignment into the cache viewed as
+# `[num_blocks * block_size, H, D]`.
 #
 # **Exercise 5.1.** Write `write_to_cache(key, value, key_cache, value_cache, slot_mapping)` in
 # `kvcourse/attention.py`: `key` and `value` are `[T, H, D]`, and the caches must change **in place**.
@@ -275,7 +277,12 @@ check("5.4")
 #
 # The scheduler hands over a list of `ScheduledSequence(request_id, tokens, is_decode,
 # position_ids_start)`. Like vLLM and nano-vllm, the model runner packs every fed token of every
-# sequence into **one row** (no padding) and describes it with a few small tensors:
+# sequence into **one row** (no padding between sequences) and describes it with a few small tensors.
+# (vLLM pads in two places the course does not: it rounds the row's length up to a size it captured a
+# CUDA graph for (`vllm/v1/cudagraph_dispatcher.py` · `CudagraphDispatcher`), the extra tokens' slots set
+# to `PAD_SLOT_ID` (-1, `vllm/v1/attention/backends/utils.py`) so nothing is written, and its block tables' unused entries
+# are 0, which in vLLM is the **null block**, a block the pool sets aside at start-up and never hands
+# out. Our 0 is an ordinary block that padding merely never reads.)
 #
 # | tensor | shape | what |
 # |---|---|---|
@@ -288,8 +295,10 @@ check("5.4")
 # Positions come from the cache, not from the batch: a chunk starting at `position_ids_start = 6`
 # feeds positions 6, 7, ... . Getting this wrong is the lesson's placeholder-token bug in another form.
 #
-# **Exercise 5.5.** In `prepare_inputs` (`kvcourse/model_runner.py`), compute each sequence's
-# positions, slots and `seq_len`.
+# **Exercise 5.5.** In `token_layout` (`kvcourse/model_runner.py`; `prepare_inputs`, written for you,
+# calls it with each sequence's block table, first position and token count as tensors), compute every
+# token's position and slot and each sequence's `seq_len`, with tensor operations, no loop over tokens.
+# The cell below runs the whole `prepare_inputs` on a three-sequence batch.
 
 # %%
 batch = [
@@ -606,13 +615,14 @@ if compiled:
 #
 # Every decode step, each sequence's query must meet every cached key and value once. Those bytes set
 # a floor on the kernel's time: bytes read ÷ memory bandwidth. For section 10's batch (32 sequences of
-# 1,000 tokens, GPT-2's 12 heads of 64, fp16) and the H200's spec-sheet bandwidth of about 4.8 TB/s:
+# 1,000 tokens, GPT-2's 12 heads of 64, fp16) and the H200 SXM's spec-sheet bandwidth of about 4.8 TB/s:
 
 # %%
 B, S, H, D, bytes_per_element = 32, 1000, 12, 64, 2
 kv_bytes = 2 * B * S * H * D * bytes_per_element  # keys and values, one layer
-flops = B * H * S * 4 * D  # per token and head: q·k (2D) and p·v (2D) multiply-adds
-H200_BYTES_PER_S, H200_FP32_FLOPS = 4.8e12, 67e12  # spec sheet: HBM3e bandwidth, FP32 (non-tensor) throughput
+flops = B * H * S * 4 * D  # per token and head: q·k and p·v, D multiply-adds each, so 2D FLOPs each
+# spec sheet, H200 SXM: HBM3e bandwidth and FP32 (non-tensor) throughput (the H200 NVL card: 4.8 TB/s, 60 TFLOP/s)
+H200_BYTES_PER_S, H200_FP32_FLOPS = 4.8e12, 67e12
 print(f"K and V read per decode step, one layer: {kv_bytes / 1e6:.1f} MB; all 12 layers: {12 * kv_bytes / 1e6:.0f} MB")
 balance = H200_FP32_FLOPS / H200_BYTES_PER_S
 print(f"arithmetic intensity: {flops / kv_bytes:.2f} FLOP per byte (the H200 balances at {balance:.0f})")
