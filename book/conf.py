@@ -33,6 +33,7 @@ html_theme = "sphinx_book_theme"
 html_static_path = ["_static"]
 html_css_files = ["kv-site.css"]
 html_js_files = ["kv-stepper.js"]
+html_favicon = "_static/favicon.svg"  # four KV blocks: three held, one free
 html_last_updated_fmt = None
 html_show_sourcelink = False
 # Light unless the reader picks another (an empty default makes the theme log an error on a first visit).
