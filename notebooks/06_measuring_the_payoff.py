@@ -91,7 +91,8 @@ from kvcourse.bench import waste as memory
 # * **internal fragmentation**: reserved but never used, past the request's true final length;
 # * **external fragmentation & other**: free, yet the next request in line could not get it.
 #
-# The share that holds token states is the figure of merit; the paper's goal for paging was above 96%.
+# The share that holds token states is the figure of merit; the paper measured 96.3% for vLLM's paging
+# (Fig. 2), against 20.4–38.2% for the contiguous schemes.
 #
 # **Predict first.** The table below answers all three, so guess before you run it.
 #

@@ -219,6 +219,21 @@ CLAIMS = (
     Claim("vllm/v1/core/sched/scheduler.py", "Scheduler.update_from_output", (), "the step's update"),
     Claim("vllm/v1/core/sched/async_scheduler.py", "AsyncScheduler", (), "async scheduling"),
     Claim(
+        "vllm/v1/core/sched/scheduler.py",
+        "Scheduler._update_after_schedule",
+        (),
+        "the plan's token counts applied once, after planning",
+    ),
+    Claim(
+        "vllm/v1/core/sched/output.py", "SchedulerOutput.finished_req_ids", (), "requests settled since the last step"
+    ),
+    Claim(
+        "vllm/v1/core/kv_cache_manager.py",
+        "KVCacheManager",
+        ("self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)",),
+        "watermark blocks: int(watermark * num_blocks)",
+    ),
+    Claim(
         "vllm/entrypoints/serve/dev/cache/api_router.py",
         "reset_prefix_cache",
         ('router.post("/reset_prefix_cache")', "reset_running_requests"),
