@@ -153,31 +153,35 @@ def test_the_replay_through_the_manager_equals_an_independent_one(conversation):
 def test_the_stand_in_block_size_changes_no_hit(conversation):
     from kvcourse.bench.trace import replay, trace_requests
 
-    trace = conversation[:100]
+    trace = conversation[:60]
     for num_blocks in (30, 3000):
         hits = {size: replay(trace, trace_requests(trace, size), num_blocks, size).hit_tokens for size in (2, 16, 512)}
         assert len(set(hits.values())) == 1, hits
 
 
 @needs_reference
-def test_the_study_on_a_slice(monkeypatch, conversation):
+def test_the_study_on_a_slice(monkeypatch, capsys, conversation):
     from kvcourse.bench import trace as study
 
-    monkeypatch.setattr(study, "load_trace", lambda name: conversation[:SLICE])
-    result = study.study_trace("conversation", study.QUICK_CAPACITIES)
-    rates = {int(c): r for c, r in result["hit_rate"].items()}
-    assert result["requests"] == SLICE and 0 < result["max_hit_rate"] < 1
-    assert all(rate <= result["max_hit_rate"] for rate in rates.values())
+    monkeypatch.setattr(study, "load_trace", lambda name: conversation[:600])  # both "traces": the same slice
+    assert study.main(["--quick", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    text = "\n".join(lines[:-1])
+    assert "the paper's first claim" in text and "second claim" in text and "one full replay" in text
+    assert "the reference" in result["manager"] and set(result["traces"]) == {"conversation", "synthetic"}
+    found = result["traces"]["conversation"]
+    rates = {int(c): r for c, r in found["hit_rate"].items()}
+    assert set(rates) == set(study.QUICK_CAPACITIES) and found["requests"] == 600
+    assert 0 < found["max_hit_rate"] < 1 and all(rate <= found["max_hit_rate"] for rate in rates.values())
     fits = [rates[c] for c in sorted(rates) if c >= 10**6]  # every request fits: LRU's hit rate cannot fall
     assert fits == sorted(fits)
-    assert rates[10**9] == result["max_hit_rate"], "a cache larger than the trace is the infinite one"
-    assert result["paper"] == study.paper_statements(rates, result["max_hit_rate"])
-    eviction = study.eviction_study("conversation", (10**6,))
-    text = study.report(
-        {"manager": "the reference", "device": "cpu", "quick": True, "source": "x", "traces": {"conversation": result}}
-        | {"eviction": eviction}
-    )
-    assert "the paper's first claim" in text and "second claim" in text and "LFU" in text
+    assert rates[10**9] == found["max_hit_rate"], "a cache larger than the trace is the infinite one"
+    assert found["paper"] == study.paper_statements(rates, found["max_hit_rate"])
+    independent = independent_replay(conversation[:600], 3 * 10**6 // 512) / found["prompt_tokens"]
+    assert rates[3 * 10**6] == round(independent, 4)
+    assert set(result["eviction"]["hit_rate"]) == {"LRU", "FIFO", "LFU"}
+    assert result["eviction"]["hit_rate"]["LRU"]["3000000"] == rates[3 * 10**6], "LRU is the curve's own replay"
 
 
 @needs_reference
