@@ -209,8 +209,6 @@ def stage(stage_dir: Path = STAGE) -> list[tuple[str, str]]:
     if stage_dir.exists():
         shutil.rmtree(stage_dir)
     (stage_dir / "notebooks").mkdir(parents=True)
-    shutil.copytree(BOOK / "_static", stage_dir / "_static")
-    shutil.copy2(BOOK / "conf.py", stage_dir / "conf.py")
     pages = [("index", "kvcourse")]
     for path in notebooks:
         pages.append((f"notebooks/{path.stem}", stage_notebook(path, stage_dir / "notebooks" / path.name)))
@@ -251,7 +249,8 @@ def build(out: Path = OUT, stage_dir: Path = STAGE, doctrees: Path = DOCTREES, j
     pages = stage(stage_dir)
     if out.exists():
         shutil.rmtree(out)
-    command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-j", jobs, "-d", str(doctrees)]
+    # The configuration (and _static/) stays in book/, so conf.py reads this checkout's REPOSITORY.
+    command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-j", jobs, "-c", str(BOOK), "-d", str(doctrees)]
     result = subprocess.run([*command, str(stage_dir), str(out)], cwd=ROOT, check=False)
     if result.returncode != 0:
         raise SiteError(f"Sphinx failed (exit {result.returncode}); its messages are above.")

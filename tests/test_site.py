@@ -534,3 +534,17 @@ def test_the_pages_workflow_passes_actionlint() -> None:
         pytest.skip("actionlint is not installed (it is not a course dependency): the workflow is YAML-checked above")
     result = subprocess.run([actionlint, "-no-color", "-oneline", str(WORKFLOW)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_launch_buttons_follow_the_one_repository_address(monkeypatch) -> None:
+    """book/conf.py takes the address from kvcourse.course.colab.REPOSITORY: change it there, every link follows."""
+    import runpy
+
+    import kvcourse.course.colab as colab
+
+    monkeypatch.setattr(colab, "REPOSITORY", "https://github.com/another-org/another-course")
+    conf = runpy.run_path(str(ROOT / "book" / "conf.py"))
+    options = conf["html_theme_options"]
+    assert options["repository_url"] == "https://github.com/another-org/another-course"
+    assert options["launch_buttons"]["colab_url"] and options["launch_buttons"]["binderhub_url"]
+    assert conf["nb_execution_mode"] == "off", "the site must show the stored outputs, never run the notebooks"
