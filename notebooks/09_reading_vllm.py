@@ -94,8 +94,8 @@ from kvcourse import answer
 # `allocate_slots` (all or nothing: `None` when the pool is short), `get_computed_blocks` (the prefix
 # lookup; it returns three values in vLLM, the blocks, the number of hit tokens and a boundary used by
 # hybrid models), `free` (tail first), `reset_prefix_cache`. Its `allocate_slots` takes more arguments
-# than yours: `num_lookahead_tokens` (section 8), tokens a KV connector will load
-# (`num_external_computed_tokens`, section 10), and the two admission gates of section 7. The blocks it
+# than yours: `num_lookahead_tokens` (section 9), tokens a KV connector will load
+# (`num_external_computed_tokens`, section 11), and the two admission gates of section 8. The blocks it
 # returns come in a `KVCacheBlocks`, which holds one list of blocks **per KV-cache group** (next
 # section); yours holds one list.
 #
@@ -241,7 +241,10 @@ for title, (running, waiting, budget) in steps.items():
 #
 # ## 10. Async scheduling (on by default)
 #
-# Your loop is strictly serial: schedule, run, update, schedule again. vLLM overlaps them: while the GPU
+# `vllm/v1/engine/core.py` · `EngineCore.step` is your step (notebook 01): `schedule`, then
+# `execute_model` (and `sample_tokens`, sampling split off the forward pass), then
+# `update_from_output`. Your loop is strictly serial: schedule, run, update, schedule again. vLLM
+# overlaps them: while the GPU
 # runs step *n*, the CPU already schedules step *n + 1* (`vllm/v1/core/sched/async_scheduler.py` ·
 # `AsyncScheduler`), counting each running request's not-yet-sampled token as a placeholder
 # (`num_output_placeholders`) so that the next plan is right before the token is known.

@@ -54,6 +54,7 @@ VLLM_SUBPACKAGES = (
 _SYMBOL = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\(\))?"
 _PATH = r"vllm/(?:[\w-]+/)*(?:\{[\w,-]+\}\.py|[\w-]+\.py)|vllm/(?:[\w-]+/)+(?![\w{])"
 PATH_RE = re.compile(rf"(?<![\w/.-])(?:{_PATH})")
+URL_RE = re.compile(r"github\.com/vllm-project/vllm/(?:blob|tree)/[^/\s)]+/(vllm/[\w/.-]*[\w/])")  # a link to a file
 PARTIAL_RE = re.compile(rf"(?<![\w/.-])(?:{VLLM_SUBPACKAGES})/(?:[\w-]+/)*(?:\{{[\w,-]+\}}\.py|[\w-]+\.py)")
 BARE_RE = re.compile(r"`([\w-]+\.py)`")
 METRIC_RE = re.compile(r"(?<![\w-])vllm:[a-z][a-z0-9_:]*[a-z0-9]")
@@ -384,7 +385,12 @@ CLAIMS = (
     Claim("vllm/v1/attention/backends/triton_attn.py", "TritonAttentionImpl", (), "Triton attention"),
     Claim("vllm/v1/attention/ops/triton_unified_attention.py", "unified_attention", (), "the Triton kernel"),
     Claim("vllm/v1/spec_decode/eagle.py", "", (), "speculative decoding's drafter"),
-    Claim("vllm/v1/engine/core.py", "EngineCore.step", (), "the engine's step"),
+    Claim(
+        "vllm/v1/engine/core.py",
+        "EngineCore.step",
+        ("self.scheduler.schedule(", "execute_model(", "sample_tokens(", "update_from_output("),
+        "the engine's step: schedule, execute (then sample), update",
+    ),
     Claim("vllm/v1/engine/async_llm.py", "AsyncLLM", (), "the API server's engine client"),
     Claim("vllm/v1/engine/llm_engine.py", "LLMEngine", (), "the offline engine"),
     Claim("vllm/v1/engine/detokenizer.py", "IncrementalDetokenizer", (), "streaming detokenisation"),
@@ -454,6 +460,8 @@ def named_references(files: list[Path], root: Path = ROOT) -> dict[str, dict]:
         for match in PATH_RE.finditer(text):
             for path in expand(match.group(0)):
                 paths.setdefault(path, []).append(_where(file, root, text, match.start()))
+        for match in URL_RE.finditer(text):
+            paths.setdefault(match.group(1), []).append(_where(file, root, text, match.start()))
         for match in AFTER_PATH_RE.finditer(text):
             for path in expand(match.group("path")):
                 for name in _symbols_in(match.group("symbols")):
