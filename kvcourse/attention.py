@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from kvcourse.contract import blocks_needed  # noqa: F401
+
 try:  # Triton ships with torch on Linux; the reference functions work without it
     import triton
     import triton.language as tl
@@ -88,7 +90,7 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
     """Read one sequence's tokens back in order, [seq_len, H, D]: the inverse of write_to_cache."""
     # Exercise 5.2 (part 1, contract): return [seq_len, H, D] whose row p is the entry the sequence
     # wrote for position p (logical block p // block_size of block_table, offset p % block_size).
-    # Only the first ceil(seq_len / block_size) entries of block_table are valid (the rest is padding).
+    # Only the first blocks_needed(seq_len, block_size) entries of block_table are valid (the rest is padding).
     # TODO: Exercise 5.2: write your code here, then delete the raise below.
     raise NotImplementedError(
         "Exercise 5.2 (Reference paged decode attention): not written yet: edit kvcourse/attention.py, gather_kv."

@@ -1,15 +1,15 @@
 """The engine loop: schedule -> execute -> update, one step at a time, recorded, timed and fault-safe.
 
 Each step (vLLM v1's EngineCore.step, in miniature):
-    batch = scheduler.schedule_next_batch()          # memory is allocated before anything runs
-    tokens = executor.execute(batch, block tables)   # one forward over every scheduled token
-    scheduler.update_from_output(batch, tokens)      # append samples, finish and free requests
+    scheduler_output = scheduler.schedule_next_batch()         # the plan, memory allocated before anything runs
+    sampled = executor.execute(scheduler_output)               # one forward over every scheduled token
+    scheduler.update_from_output(scheduler_output, sampled)    # append samples, finish and free requests
 
 `EngineCore` is that loop over any scheduler and any executor, and every step yields the same
 `StepRecord`: notebooks 01-04 drive it with the toy model (`kvcourse.toy.run`), and `LLMEngine` with
 GPT-2's `ModelRunner`. The three calls themselves are the learner's `engine_step` (kvcourse/step.py,
-Exercise 1.1); `EngineCore.step` keeps the books around it and gives it `phase`, `begin_batch` and
-`before_execute`.
+Exercise 1.1); `EngineCore` keeps the books around them: `core.phase(name, scheduler_output)` times
+each phase, checks and records the plan as the execute phase begins, and isolates faults.
 
 A fault never poisons the engine. If scheduling, the executor or the update raises (a bug in an
 exercise, a device error, Ctrl-C), the requests the step touched end as FAILED with a reason, every
@@ -34,8 +34,20 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from kvcourse.kv_cache_interface import ExecutorProtocol, SchedulerProtocol, blocks_needed
+from kvcourse import step as step_module  # looked up at each step: a learner's edit (autoreload) is seen
+from kvcourse.contract import ExecutorProtocol, SchedulerProtocol, blocks_needed
+from kvcourse.records import (
+    PHASE_LABELS,
+    PHASES,
+    BatchContractError,
+    Deadlock,
+    StepRecord,
+    Trace,
+    describe_stall,
+    format_step,
+)
 from kvcourse.request import Request, RequestStatus, validate_max_new_tokens, validate_prompt_tokens
+from kvcourse.sched_output import SchedulerOutput
 
 if TYPE_CHECKING:
     import torch
@@ -45,137 +57,6 @@ if TYPE_CHECKING:
 
 Prompt = str | Sequence[int]
 PROGRESS_MIN_TOKENS = 256  # show a progress bar by default when a run generates at least this many tokens
-# The parts of a step, timed (EngineStats.step_seconds), and how a fault report names each (EngineCore.phase).
-PHASE_LABELS = {"schedule": "scheduling", "execute": "the executor (the model)", "update": "update_from_output"}
-PHASES = tuple(PHASE_LABELS)
-
-
-# ----------------------------------------------------------------------------------------------
-# What a step did: one record type for the toy world and the GPT-2 engine
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepRecord:
-    """What one iteration did, for printing and plotting."""
-
-    iteration: int
-    scheduled: list[tuple[int, str, int]]  # (request id, "prefill" or "decode", tokens fed)
-    positions: list[tuple[int, int]]  # (first, last) position of each scheduled sequence
-    samples: list[bool]  # whether each scheduled sequence sampled a token
-    resident_tokens: int  # tokens whose K/V the running requests hold during this step
-    num_free_blocks: int | None  # after the step (None for a scheduler without a KV manager)
-    preempted: list[int]  # request ids preempted while planning this step
-    num_preemptions: int  # total so far
-    finished: list[int]  # request ids finished by this step
-    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase (see PHASES)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens fed in this step (at most the token budget)."""
-        return sum(n for _, _, n in self.scheduled)
-
-    def __str__(self) -> str:
-        """One readable line (see format_step)."""
-        return format_step(self)
-
-
-@dataclass
-class Trace:
-    """Everything a run did, step by step, plus the requests it saw."""
-
-    steps: list[StepRecord] = field(default_factory=list)
-    requests: dict[int, Request] = field(default_factory=dict)
-    capacity_blocks: int | None = None
-    block_size: int | None = None
-
-    @property
-    def num_preemptions(self) -> int:
-        """Preemptions over the whole run."""
-        return self.steps[-1].num_preemptions if self.steps else 0
-
-    @property
-    def peak_resident_tokens(self) -> int:
-        """The most KV the running requests held at once."""
-        return max((s.resident_tokens for s in self.steps), default=0)
-
-    def outputs(self) -> dict[int, list[int]]:
-        """Every seen request's generated tokens, by id."""
-        return {rid: list(r.output_tokens) for rid, r in sorted(self.requests.items())}
-
-    def format(self, limit: int | None = None) -> str:
-        """One readable line per iteration (the first `limit` ones when given)."""
-        steps = self.steps if limit is None else self.steps[:limit]
-        lines = [format_step(step) for step in steps]
-        if limit is not None and len(self.steps) > limit:
-            lines.append(f"... {len(self.steps) - limit} more iterations")
-        return "\n".join(lines)
-
-    def __iter__(self) -> Iterator[StepRecord]:
-        """The steps, so `print(*engine.trace, sep="\\n")` prints one line each."""
-        return iter(self.steps)
-
-    def __len__(self) -> int:
-        """Number of steps recorded."""
-        return len(self.steps)
-
-
-def format_step(step: StepRecord) -> str:
-    """`it  3 | R0 decode @15 | R1 prefill 16 @0-15 | free 93` (* = samples a token)."""
-    parts = []
-    for (rid, kind, n), (first, last), samples in zip(step.scheduled, step.positions, step.samples):
-        where = f"@{first}" if first == last else f"@{first}-{last}"
-        size = "" if kind == "decode" else f" {n}"
-        parts.append(f"R{rid} {kind}{size} {where}{'*' if samples and kind != 'decode' else ''}")
-    line = f"it {step.iteration:>3} | " + (", ".join(parts) if parts else "nothing scheduled")
-    if step.num_free_blocks is not None:
-        line += f" | free {step.num_free_blocks}"
-    if step.preempted:
-        line += f" | preempted {', '.join(f'R{r}' for r in step.preempted)}"
-    if step.finished:
-        line += f" | finished {', '.join(f'R{r}' for r in step.finished)}"
-    return line
-
-
-class Deadlock(RuntimeError):
-    """The scheduler planned an empty step while requests were unfinished: nothing can ever change."""
-
-    trace: Trace | None = None  # the steps before the stall (set by `kvcourse.toy.run`)
-
-
-class BatchContractError(RuntimeError):
-    """The scheduler returned a batch entry for a request that is not running (a scheduler bug)."""
-
-
-def describe_stall(scheduler: SchedulerProtocol, iteration: int) -> str:
-    """Why the run cannot go on, in words a learner can act on."""
-    running = list(scheduler.active_pool)
-    waiting = [r.id for r in scheduler.waiting_queue]
-    manager = scheduler.kv_cache_manager
-    free = f"; {manager.get_num_free_blocks()} of {manager.num_blocks} blocks free" if manager is not None else ""
-    head = (
-        f"iteration {iteration}: the scheduler planned an empty batch with requests unfinished "
-        f"(running {running}, waiting {waiting}{free})"
-    )
-    if running and manager is not None and manager.get_num_free_blocks() > 0:
-        return (
-            f"{head}: blocks are free, yet no running request was given anything to do. Does every "
-            "running request land in exactly one pass: a decode once its prompt is cached, else the "
-            "prefill pass (a request recomputing after a preemption has output tokens to re-feed too: "
-            "see request.is_prefill_done and num_uncomputed_tokens)? The next step would be the same."
-        )
-    if running:
-        return (
-            f"{head}: each running request needs one more block, only another running request could "
-            "give one back, and none of them can run to the end to do so. The next step would be the "
-            "same: a deadlock."
-        )
-    return (
-        f"{head}: nothing is running and nothing was admitted. A correct scheduler moves its oldest "
-        "request forward every step; is a request that can never fit the cache in the way?"
-    )
-
-
 # ----------------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------------
@@ -184,25 +65,17 @@ def describe_stall(scheduler: SchedulerProtocol, iteration: int) -> str:
 class EngineCore:
     """One scheduler and one executor, stepped together: each step recorded, timed, and safe to fail."""
 
-    def __init__(
-        self,
-        scheduler: SchedulerProtocol,
-        executor: ExecutorProtocol,
-        before_execute: Callable[[], None] | None = None,
-    ) -> None:
-        """before_execute runs right before each batch (the GPT-2 engine applies copy-on-write copies there)."""
+    def __init__(self, scheduler: SchedulerProtocol, executor: ExecutorProtocol) -> None:
+        """Any scheduler (the memory-aware one, notebook 01's blind one) with any executor (toy or GPT-2)."""
         self.scheduler = scheduler
         self.executor = executor
-        self._before_execute_hook = before_execute
         self.on_schedule: Callable[[StepRecord], None] | None = None  # sees each step's plan before it runs
-        self.last_batch: list = []  # the latest step's scheduled sequences
+        self.last_output: SchedulerOutput | None = None  # the latest step's plan
         self.iteration = 0
         self.num_failed = 0  # requests ended by a fault, over the core's life
         self.trace = self.new_trace()
-        # This step's books, kept for engine_step's helpers: seconds per phase, preemptions so far, the plan.
-        self._seconds: dict[str, float] = {}
-        self._preemptions_before: dict[int, int] = {}
-        self._plan: StepRecord | None = None
+        self._seconds: dict[str, float] = {}  # this step's wall time per phase
+        self._plan: StepRecord | None = None  # this step's record, made when the execute phase begins
         self._handled: BaseException | None = None  # the fault a phase already cleaned up after
 
     def new_trace(self) -> Trace:
@@ -219,72 +92,68 @@ class EngineCore:
 
     def step(self) -> StepRecord:
         """Schedule, execute and update once (engine_step, Exercise 1.1); raises Deadlock when nothing can be scheduled."""
-        from kvcourse.step import engine_step  # imported here: kvcourse/step.py imports this module
-
         self.iteration += 1
         self._seconds, self._plan, self._handled = {}, None, None
-        self._preemptions_before = {r.id: r.num_preemptions for r in self._unfinished()}
         with self._fail_unless_handled():
-            finished = engine_step(self)
-            record = self._finish_record(finished)
-        return record
+            return self._finish_record(step_module.engine_step(self))
 
-    # ---- what engine_step (Exercise 1.1) is given ----
     @contextlib.contextmanager
-    def phase(self, name: str, requests: Iterable[Request] | None = None) -> Iterator[None]:
-        """Time one phase of the step; if it raises, fail `requests` (for "schedule": whom planning touched)."""
+    def phase(self, name: str, scheduler_output: SchedulerOutput | None = None) -> Iterator[None]:
+        """Time one phase of the step; if it raises, fail whom it touched (for "schedule": whom planning reached).
+
+        "execute" and "update" take the step's SchedulerOutput: entering "execute" checks the plan
+        against the scheduler's contract and records it; a fault in either costs only its requests.
+        """
         if name not in PHASE_LABELS:
             raise ValueError(f"unknown phase {name!r}: the phases are {', '.join(PHASE_LABELS)}.")
-        if requests is None and name != "schedule":
-            raise ValueError(f"phase {name!r} needs the batch's requests (core.begin_batch(batch) returns them).")
-        if requests is not None:
-            requests = list(requests)
-            if not all(isinstance(r, Request) for r in requests):
-                raise TypeError(
-                    f"core.phase({name!r}, requests) takes the batch's Request objects (what core.begin_batch(batch) "
-                    f"returns), not {type(next(r for r in requests if not isinstance(r, Request))).__name__} entries."
-                )
-        affected = self._touched_by_planning if requests is None else (lambda: requests)
-        with self._timed(name, self._seconds), self._fail_on_error(PHASE_LABELS[name], affected):
+        affected = self._touched_by_planning
+        if name != "schedule":
+            requests = self._requests_of(name, scheduler_output)
+            affected = lambda: requests  # noqa: E731 - the plan's requests, fixed when the phase begins
+        with self._timed(name), self._fail_on_error(PHASE_LABELS[name], affected):
             yield
 
-    def begin_batch(self, batch: list) -> list[Request]:
-        """Check the scheduler's contract on a planned batch, record the plan; the batch's requests, in order."""
-        with self._fail_on_error("scheduling", self._touched_by_planning):
-            self._check_batch(batch)
-        self.last_batch = batch
-        self._plan = self._record(batch, self._preemptions_before, self._seconds)
-        return [self.scheduler.active_pool[seq.request_id] for seq in batch]
+    def finish_requests(self, requests: Sequence[Request], status: RequestStatus, reason: str) -> list[Request]:
+        """End requests through the scheduler's finish_requests, the one way out; after a fault, drop what never ran.
 
-    def before_execute(self) -> None:
-        """Between planning and the model: the live views see the plan, pending block copies are applied."""
-        if self.on_schedule is not None and self._plan is not None:
-            self.on_schedule(self._plan)
-        if self._before_execute_hook is not None:
-            self._before_execute_hook()
-
-    def fail_requests(self, requests: Sequence[Request], reason: str) -> list[Request]:
-        """End requests after a fault: FAILED, blocks back, and no later prefix hit reads a block never written."""
-        failed = self.end_requests(requests, RequestStatus.FAILED, reason)
-        _forget_free_cached_blocks(self.scheduler.kv_cache_manager)
-        self.num_failed += len(failed)
-        return failed
-
-    def end_requests(self, requests: Sequence[Request], status: RequestStatus, reason: str) -> list[Request]:
-        """End requests through the scheduler's finish_requests; if that cannot (Exercise 7.4 unwritten or
-        faulty), the engine does it itself: recovering from a fault must not depend on the learner's abort."""
+        If the scheduler's finish_requests itself fails (Exercise 7.4 unwritten or broken), the core
+        settles them directly: recovering from a fault must not depend on the learner's abort.
+        """
         try:
-            return self.scheduler.finish_requests([r.id for r in requests], status, reason)
+            ended = self.scheduler.finish_requests([r.id for r in requests], status, reason)
         except Exception:
-            return self._end_requests_here(requests, status, reason)
+            ended = self._settle_here(requests, status, reason)
+        if status is RequestStatus.FAILED:
+            self.num_failed += len(ended)
+            manager = self.scheduler.kv_cache_manager
+            if manager is not None:
+                manager.forget_unwritten_blocks()  # blocks published for a step that never ran hold no K/V
+        return ended
 
     # ---- helpers ----
+    def _requests_of(self, name: str, scheduler_output: object) -> list[Request]:
+        """The plan's requests, in plan order; entering "execute" checks and records the plan first."""
+        if not isinstance(scheduler_output, SchedulerOutput):
+            raise TypeError(
+                f"core.phase({name!r}, scheduler_output) takes the SchedulerOutput that schedule_next_batch() "
+                f"returned, not {type(scheduler_output).__name__}."
+            )
+        if name == "execute":
+            with self._fail_on_error("scheduling", self._touched_by_planning):
+                self._check_output(scheduler_output)
+            self.last_output = scheduler_output
+            self._plan = self._record(scheduler_output)
+            if self.on_schedule is not None:
+                self.on_schedule(self._plan)
+        pool = self.scheduler.active_pool
+        return [pool[seq.request_id] for seq in scheduler_output if seq.request_id in pool]
+
     def _finish_record(self, finished: object) -> StepRecord:
         """Complete this step's record once engine_step returned (with a clear error when it broke its contract)."""
         if self._plan is None:
             raise BatchContractError(
-                "engine_step returned without calling core.begin_batch(batch): the step's plan was never checked "
-                "or recorded. Call it on the planned batch before running it (Exercise 1.1)."
+                "engine_step returned without running the plan inside core.phase('execute', scheduler_output): "
+                "the step's plan was never checked or recorded (Exercise 1.1)."
             )
         if not isinstance(finished, list) or not all(isinstance(r, Request) for r in finished):
             raise TypeError(
@@ -311,8 +180,8 @@ class EngineCore:
             with self._fail_on_error("engine_step (Exercise 1.1), outside its phases", lambda: touched):
                 raise
 
-    def _end_requests_here(self, requests: Sequence[Request], status: RequestStatus, reason: str) -> list[Request]:
-        """The engine's own clean-up: out of the running set and the queue, blocks back, settled with a reason."""
+    def _settle_here(self, requests: Sequence[Request], status: RequestStatus, reason: str) -> list[Request]:
+        """Only when the scheduler's finish_requests fails: out of the running set and the queue, blocks back."""
         scheduler, ended = self.scheduler, []
         for request in requests:
             if request.status.is_finished():
@@ -327,10 +196,6 @@ class EngineCore:
             ended.append(request)
         return ended
 
-    def _unfinished(self) -> list[Request]:
-        """Running then waiting requests."""
-        return list(self.scheduler.active_pool.values()) + list(self.scheduler.waiting_queue)
-
     def _touched_by_planning(self) -> list[Request]:
         """After a fault while planning: the running requests and any waiting one the plan reached."""
         manager = self.scheduler.kv_cache_manager
@@ -340,43 +205,41 @@ class EngineCore:
             if r.num_computed_tokens or (manager is not None and manager.get_block_ids(r))
         ]
 
-    def _check_batch(self, batch: list) -> None:
-        """The scheduler's contract: a batch holds only RUNNING requests (never one preempted while planning)."""
-        for seq in batch:
+    def _check_output(self, scheduler_output: SchedulerOutput) -> None:
+        """The scheduler's contract: a plan holds only RUNNING requests (never one preempted while planning)."""
+        for seq in scheduler_output:
             if seq.request_id not in self.scheduler.active_pool:
                 raise BatchContractError(
-                    f"the scheduler's batch contains request {seq.request_id}, which is not running (preempted "
-                    "while planning the same step?): its blocks are gone, so it cannot run. A batch may only "
-                    "hold running requests: a request preempted after being scheduled must leave the batch."
+                    f"the scheduler's plan contains request {seq.request_id}, which is not running (preempted "
+                    "while planning the same step?): its blocks are gone, so it cannot run. A plan may only "
+                    "hold running requests: a request preempted after being scheduled must leave the plan."
                 )
 
-    def _record(self, batch: list, preemptions_before: dict[int, int], seconds: dict[str, float]) -> StepRecord:
+    def _record(self, scheduler_output: SchedulerOutput) -> StepRecord:
         """The step as planned (what ran; finished and free blocks are filled in after the update)."""
         running = list(self.scheduler.active_pool.values())
         self.remember(running)
         return StepRecord(
             iteration=self.iteration,
-            scheduled=[(s.request_id, "decode" if s.is_decode else "prefill", len(s.tokens)) for s in batch],
-            positions=[(s.position_ids_start, s.position_ids_start + len(s.tokens) - 1) for s in batch],
-            samples=[bool(s.samples_token) for s in batch],
+            scheduled=[(s.request_id, "decode" if s.is_decode else "prefill", len(s.tokens)) for s in scheduler_output],
+            positions=[(s.position_ids_start, s.position_ids_start + len(s.tokens) - 1) for s in scheduler_output],
+            samples=[bool(s.samples_token) for s in scheduler_output],
             resident_tokens=sum(r.num_computed_tokens for r in running),
             num_free_blocks=None,
-            preempted=[
-                r.id for r in self._unfinished() if r.num_preemptions > preemptions_before.get(r.id, r.num_preemptions)
-            ],
+            preempted=list(scheduler_output.preempted_req_ids),
             num_preemptions=self.scheduler.num_preemptions,
             finished=[],
-            seconds=seconds,
+            seconds=self._seconds,
         )
 
     @contextlib.contextmanager
-    def _timed(self, phase: str, seconds: dict[str, float]) -> Iterator[None]:
+    def _timed(self, phase: str) -> Iterator[None]:
         """Add the wall time of a phase to this step's record."""
         start = time.perf_counter()
         try:
             yield
         finally:
-            seconds[phase] = time.perf_counter() - start
+            self._seconds[phase] = time.perf_counter() - start
 
     @contextlib.contextmanager
     def _fail_on_error(self, phase: str, affected: Callable[[], list[Request]]) -> Iterator[None]:
@@ -389,7 +252,7 @@ class EngineCore:
             victims = [r for r in affected() if not r.status.is_finished()]
             reason = f"step {self.iteration} failed in {phase}: {type(error).__name__}: {error}"
             try:
-                self.fail_requests(victims, reason)
+                self.finish_requests(victims, RequestStatus.FAILED, reason)
                 outcome = "were marked FAILED and their blocks given back; the engine can take new work"
             except Exception as cleanup_error:  # report both; the first error is the one to fix
                 outcome = f"could not be cleaned up ({type(cleanup_error).__name__}: {cleanup_error})"
@@ -398,22 +261,6 @@ class EngineCore:
             )
             self._handled = error
             raise
-
-
-def _forget_free_cached_blocks(manager: object) -> None:
-    """After a fault: blocks published for a step that never ran hold no K/V; unpublish every block nobody holds.
-
-    (A block a surviving request holds was written in an earlier step: a block published in the failed
-    step is held only by requests of that step, which have just failed.)
-    """
-    from kvcourse.kv_cache import KVCacheManager  # here, not at the top: the toy world may not have it
-
-    if not isinstance(manager, KVCacheManager):
-        return  # the mock manager caches nothing
-    for block in manager.block_pool.blocks:
-        if block.ref_cnt == 0 and block.block_hash is not None:
-            manager.block_pool._maybe_evict_cached_block(block)
-    manager.take_pending_copies()  # copies planned for a step that never ran
 
 
 # ----------------------------------------------------------------------------------------------
@@ -447,7 +294,7 @@ class LLMEngine:
         token_budget: int = 512,
         max_batch_size: int = 16,
         enable_prefix_caching: bool = False,
-        attention: str = "fast",  # the fastest backend; "reference" runs the learner's exercises 5.2-5.3
+        attention: str | None = None,  # None: the runner's default, "fast"; "reference" runs exercises 5.2-5.3
         tokenizer=None,
         pack_weights: bool | None = None,  # None: oneDNN-packed linear layers where they pay (CPU, float32)
     ) -> None:
@@ -460,13 +307,12 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.kv_cache_manager: KVCacheManager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = StallFreeScheduler(token_budget, max_batch_size, self.kv_cache_manager)
-        # Passed only when set: a learner's model_runner.py from before packing existed still works.
-        packing = {} if pack_weights is None else {"pack_weights": pack_weights}
-        self.runner = ModelRunner(model, num_blocks, block_size, attention, **packing)
-        self.core = EngineCore(self.scheduler, self.runner, before_execute=self._apply_block_copies)
+        self.runner = ModelRunner(model, num_blocks, block_size, attention, pack_weights=pack_weights)
+        self.core = EngineCore(self.scheduler, self.runner)
         self.max_positions = int(model.config.n_positions)
         self.vocab_size = int(model.config.vocab_size)
         self.stats = EngineStats()
+        self.last_record: StepRecord | None = None  # what the latest step() did (None after a failed one)
         self._next_request_id = 0
         self._requests: dict[int, Request] = {}  # every request this engine was given, by id
 
@@ -512,7 +358,10 @@ class LLMEngine:
             while self.scheduler.has_unfinished_requests():
                 bar.update(self.step(trace=trace))
         except BaseException as error:  # the step already failed its own requests: end the rest of this call
-            self._abort_unsettled(requests, f"generate() stopped: {type(error).__name__} in a step")
+            unsettled = [r for r in requests if not r.status.is_finished()]
+            self.core.finish_requests(
+                unsettled, RequestStatus.ABORTED, f"generate() stopped: {type(error).__name__} in a step"
+            )
             raise
         finally:
             bar.close()
@@ -527,20 +376,21 @@ class LLMEngine:
 
     def step(self, trace: bool = False) -> int:
         """Schedule, run and update once; returns how many tokens were sampled (read them in request.output_tokens)."""
-        preemptions_before = self.scheduler.num_preemptions
         hits_before = self.kv_cache_manager.prefix_cache_stats.hits
         failed_before = self.core.num_failed
+        self.last_record = None
         try:
             record = self.core.step()
         except Deadlock as stall:  # a scheduler bug: end what is stuck, so the engine can serve again
             stuck = list(self.scheduler.active_pool.values()) + list(self.scheduler.waiting_queue)
-            self.core.fail_requests(stuck, f"deadlock: {stall}")
+            self.core.finish_requests(stuck, RequestStatus.FAILED, f"deadlock: {stall}")
             stall.add_note(f"kvcourse: requests {[r.id for r in stuck]} were marked FAILED and their blocks freed.")
             raise
         finally:
             self.stats.failed_requests += self.core.num_failed - failed_before
+        self.last_record = record
         self.stats.iterations += 1
-        self.stats.preemptions += self.scheduler.num_preemptions - preemptions_before
+        self.stats.preemptions += len(record.preempted)
         self.stats.prefix_hit_tokens += self.kv_cache_manager.prefix_cache_stats.hits - hits_before
         self.stats.scheduled_tokens += record.num_tokens
         num_sampled = sum(record.samples)
@@ -622,17 +472,6 @@ class LLMEngine:
         self.scheduler.add_request(request)
         return request
 
-    def _abort_unsettled(self, requests: list[Request], reason: str) -> None:
-        """End the requests that are still waiting or running (what a failed generate() call leaves behind)."""
-        self.core.end_requests([r for r in requests if not r.status.is_finished()], RequestStatus.ABORTED, reason)
-
-    def _apply_block_copies(self) -> None:
-        """Copy-on-write: the manager lists (src, dst) blocks whose contents must be duplicated first."""
-        for src, dst in self.kv_cache_manager.take_pending_copies():
-            for layer in self.runner.kv_cache.layers:
-                layer.keys[dst] = layer.keys[src]
-                layer.values[dst] = layer.values[src]
-
 
 def _check_sampling_params(params: object) -> SamplingParams | None:
     """The request's SamplingParams (None: greedy), or a ValueError saying what to pass."""
@@ -661,3 +500,18 @@ def hf_greedy(model: torch.nn.Module, prompt_tokens: Sequence[int], max_new_toke
             pad_token_id=model.config.eos_token_id or 0,
         )
     return output[0, input_ids.shape[1] :].tolist()
+
+
+__all__ = [  # the records and the stall error live in kvcourse/records.py; re-exported for the engine's readers
+    "PHASES",
+    "BatchContractError",
+    "Deadlock",
+    "EngineCore",
+    "EngineStats",
+    "LLMEngine",
+    "StepRecord",
+    "Trace",
+    "describe_stall",
+    "format_step",
+    "hf_greedy",
+]

@@ -16,47 +16,19 @@ import contextlib
 import itertools
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvcourse.backends.fast import FastAttentionMetadata
 from kvcourse.backends.packed import can_pack, packed_weights, why_not_packable
-from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS, AttentionTimer, PagedKVCache
+from kvcourse.contract import ScheduledSequenceProtocol
+from kvcourse.model_runner_utils import ModelInputs, RunnerTimings
+from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION, AttentionTimer, PagedKVCache
 from kvcourse.sampler import Sampler
 
-
-class ScheduledSequenceLike(Protocol):
-    """What the runner reads from the scheduler's ScheduledSequence."""
-
-    request_id: int
-    tokens: list[int]
-    is_decode: bool
-    position_ids_start: int
-
-
-@dataclass
-class ModelInputs:
-    """Everything one forward pass needs, for all scheduled sequences at once."""
-
-    request_ids: list[int]
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    logits_indices: torch.Tensor
-
-    def attention_kwargs(self) -> dict[str, torch.Tensor]:
-        """The keyword arguments that reach PagedKVCache.update and the attention function."""
-        return {
-            "slot_mapping": self.slot_mapping,
-            "block_tables": self.block_tables,
-            "seq_lens": self.seq_lens,
-            "query_start_loc": self.query_start_loc,
-        }
+if TYPE_CHECKING:
+    from kvcourse.sched_output import SchedulerOutput
 
 
 def token_layout(
@@ -81,7 +53,7 @@ def token_layout(
 
 
 def prepare_inputs(
-    batch: Sequence[ScheduledSequenceLike],
+    batch: Sequence[ScheduledSequenceProtocol],
     block_tables: dict[int, list[int]],
     block_size: int,
     device: torch.device | str = "cpu",
@@ -111,7 +83,7 @@ def prepare_inputs(
     )
 
 
-def _block_table(seq: ScheduledSequenceLike, block_tables: dict[int, list[int]], block_size: int) -> list[int]:
+def _block_table(seq: ScheduledSequenceProtocol, block_tables: dict[int, list[int]], block_size: int) -> list[int]:
     """The sequence's block table, refused in words when it cannot hold this step's tokens."""
     if seq.request_id not in block_tables:
         raise ValueError(f"no block table for request {seq.request_id}: allocate its slots before running it.")
@@ -126,26 +98,6 @@ def _block_table(seq: ScheduledSequenceLike, block_tables: dict[int, list[int]],
     return table
 
 
-@dataclass
-class RunnerTimings:
-    """Wall seconds the runner spent in each part of its steps, summed since the last reset (why a step costs what it does)."""
-
-    prepare: float = 0.0  # building the input tensors (and the fast backend's attention metadata)
-    forward: float = 0.0  # the model's forward pass, attention included
-    attention: float = 0.0  # the part of forward spent in paged attention (every layer)
-    sample: float = 0.0  # the sampler (greedy: argmax) and back to Python ints
-    steps: int = 0
-
-    def reset(self) -> None:
-        """Start counting afresh (the engine does it at the start of each generate call)."""
-        self.prepare = self.forward = self.attention = self.sample = 0.0
-        self.steps = 0
-
-    def as_dict(self) -> dict[str, float]:
-        """Seconds by part, for JSON."""
-        return {"prepare": self.prepare, "forward": self.forward, "attention": self.attention, "sample": self.sample}
-
-
 class ModelRunner:
     """Owns the paged KV storage and runs GPT-2 on scheduler batches (nano-vllm's ModelRunner)."""
 
@@ -154,11 +106,12 @@ class ModelRunner:
         model: torch.nn.Module,
         num_blocks: int,
         block_size: int,
-        attention: str = "reference",
+        attention: str | None = None,  # None: DEFAULT_ATTENTION (kvcourse/paged_cache.py), as LLMEngine
         *,
         synchronize_timings: bool = False,
         pack_weights: bool | None = None,
     ) -> None:
+        attention = DEFAULT_ATTENTION if attention is None else attention
         if attention not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}; got {attention!r}.")
         self.model = model.eval()
@@ -191,15 +144,30 @@ class ModelRunner:
             self.model.set_attn_implementation(previous)
 
     @torch.inference_mode()
-    def execute(self, batch: Sequence[ScheduledSequenceLike], block_tables: dict[int, list[int]]) -> dict[int, int]:
+    def copy_blocks(self, blocks_to_copy: Sequence[tuple[int, int]]) -> None:
+        """Copy-on-write: block dst gets src's keys and values in every layer, before the model reads the cache."""
+        for src, dst in blocks_to_copy:
+            for layer in self.kv_cache.layers:
+                layer.keys[dst] = layer.keys[src]
+                layer.values[dst] = layer.values[src]
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> dict[int, int]:
+        """Run one step's plan: its block copies first, then one forward pass over its sequences."""
+        self.copy_blocks(scheduler_output.blocks_to_copy)
+        return self.execute_batch(scheduler_output.scheduled_seqs, scheduler_output.block_ids)
+
+    def execute_batch(
+        self, batch: Sequence[ScheduledSequenceProtocol], block_tables: dict[int, list[int]]
+    ) -> dict[int, int]:
         """One forward pass over the batch; the next token of each sequence that samples (its request's SamplingParams; greedy by default).
 
-        A sequence samples unless it says otherwise (`samples_token`, set by the scheduler: False for a
-        prefill chunk that does not reach the end of its prompt); logits are computed only there.
+        A sequence samples when its samples_token says so (the scheduler sets it: False for a prefill
+        chunk that does not reach the end of its prompt); logits are computed only there.
         """
         t0 = self._now()
         inputs = prepare_inputs(batch, block_tables, self.block_size, self.device)
-        sampling = [i for i, seq in enumerate(batch) if getattr(seq, "samples_token", True)]
+        sampling = [i for i, seq in enumerate(batch) if seq.samples_token]
         kwargs = inputs.attention_kwargs()
         if self.attention == "fast":
             kwargs["fast_metadata"] = FastAttentionMetadata.build(

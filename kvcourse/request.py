@@ -150,3 +150,16 @@ def check_request(request: object) -> Request:
         request.max_new_tokens, where=f"Request {request.id}: max_new_tokens"
     )
     return request
+
+
+def check_new_request(request: object, known_ids: set[int]) -> Request:
+    """A request a scheduler may queue: well formed, an id not seen before, nothing computed yet."""
+    request = check_request(request)
+    if request.id in known_ids:
+        raise ValueError(f"Request id {request.id} was already added; every request needs its own id.")
+    if request.num_computed_tokens != 0:
+        raise ValueError(
+            f"Request {request.id} says {request.num_computed_tokens} tokens are computed, "
+            "but a new request has nothing in the cache yet."
+        )
+    return request

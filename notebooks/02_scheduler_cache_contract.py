@@ -71,7 +71,7 @@ from collections import deque
 import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, hint, solution, toy, viz  # noqa: F401  (hint, solution: for you)
-from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
+from kvcourse.contract import KVCacheBlocks, MockKVCacheManager
 from kvcourse.models import LESSON_PROMPTS, load_tokenizer
 from kvcourse.request import Request
 from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
@@ -309,7 +309,7 @@ lesson_steps = [
 ]
 try:
     for seq in lesson_steps:
-        executor.execute([seq])
+        executor.execute_batch([seq])
 except ValueError as error:
     print("Failing run:", error)
 
@@ -319,9 +319,9 @@ except ValueError as error:
 
 # %%
 executor = toy.ToyExecutor()
-outputs = [executor.execute([ScheduledSequence(0, prompt, False, 0, samples_token=True)])[0]]
+outputs = [executor.execute_batch([ScheduledSequence(0, prompt, False, 0, samples_token=True)])[0]]
 try:
-    executor.execute([ScheduledSequence(0, [outputs[-1]], True, len(prompt) + len(outputs))])
+    executor.execute_batch([ScheduledSequence(0, [outputs[-1]], True, len(prompt) + len(outputs))])
 except ValueError as error:
     print("Failing run:", error)
 
@@ -554,7 +554,7 @@ executor = toy.ToyExecutor(block_size=4)
 while scheduler.has_unfinished_requests():
     batch = scheduler.schedule_next_batch()
     print(batch[0])
-    sampled = executor.execute(batch, toy.block_tables_for(scheduler, batch))
+    sampled = executor.execute(batch)
     scheduler.update_from_output(batch, sampled)
 print("outputs:", request.output_tokens, "| generated alone:", toy.toy_generate(prompt, 3))
 

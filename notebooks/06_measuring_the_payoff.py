@@ -343,8 +343,8 @@ for path in gpu_files:
 # | kvcourse (file · class or function) | vLLM v1 (file · class or function) |
 # |---|---|
 # | `request.py` · `Request`, `RequestStatus` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
-# | `kv_cache_interface.py` · `KVCacheBlocks` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheBlocks` |
-# | `kv_cache_interface.py` · `MockKVCacheManager` | none: a teaching double that only counts blocks |
+# | `contract.py` · `KVCacheBlocks` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheBlocks` |
+# | `contract.py` · `MockKVCacheManager` | none: a teaching double that only counts blocks |
 # | `kv_cache.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` | `vllm/v1/core/kv_cache_utils.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` |
 # | `kv_cache.py` · `hash_block_tokens` | `vllm/v1/core/kv_cache_utils.py` · `hash_block_tokens` |
 # | `kv_cache.py` · `BlockPool` | `vllm/v1/core/block_pool.py` · `BlockPool` |

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from kvcourse.contract import blocks_needed
+
 try:  # Triton ships with torch on Linux; the reference functions work without it
     import triton
     import triton.language as tl
@@ -89,9 +91,9 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
     """Read one sequence's tokens back in order, [seq_len, H, D]: the inverse of write_to_cache."""
     # Exercise 5.2 (part 1, contract): return [seq_len, H, D] whose row p is the entry the sequence
     # wrote for position p (logical block p // block_size of block_table, offset p % block_size).
-    # Only the first ceil(seq_len / block_size) entries of block_table are valid (the rest is padding).
+    # Only the first blocks_needed(seq_len, block_size) entries of block_table are valid (the rest is padding).
     # BEGIN SOLUTION 5.2
-    num_blocks = -(-seq_len // cache.shape[1])  # ceil
+    num_blocks = blocks_needed(seq_len, cache.shape[1])
     blocks = cache[block_table[:num_blocks].long()]
     return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
     # END SOLUTION

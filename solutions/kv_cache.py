@@ -1,57 +1,22 @@
-"""A paged KV-cache manager in the style of vLLM v1: a block pool, a free-block queue, and sharing.
+"""A paged KV-cache manager like vLLM v1's: free-block queue, block pool, manager (exercises 3.1-4.6, 7.5).
 
-Three layers, each with one job:
-
-- `FreeKVCacheBlockQueue`: the free blocks in eviction order (front = evicted first), a doubly
-  linked list, so taking from the front, adding at the back and unlinking from the middle are O(1).
-- `BlockPool`: owns every `KVCacheBlock`; hands blocks out, takes them back (reference counts), and
-  keeps the prefix cache (block hash -> block).
-- `KVCacheManager`: what the scheduler talks to (the contract of notebook 02): block tables per
-  request, exact block arithmetic, all-or-nothing allocation, prefix-cache lookup (each request's
-  block hashes computed once and extended as it grows), fork and copy-on-write.
+The manager is what the scheduler talks to (kvcourse/contract.py); the given pieces are in kv_cache_utils.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import warnings
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
-from kvcourse.kv_cache_interface import (
-    KVCacheBlocks,
-    MockKVCacheManager,
-    blocks_needed,
-    check_cache_shape,
-    check_token_count,
-)
+from kvcourse import kv_cache_utils as utils
+from kvcourse.contract import KVCacheBlocks, blocks_needed, check_cache_shape, check_token_count
+from kvcourse.contract import MockKVCacheManager as MockKVCacheManager  # re-exported: the manager's double
+from kvcourse.kv_cache_utils import HASH_FUNCTION, BlockHash, KVCacheBlock, PrefixCacheStats
 from kvcourse.request import Request
-
-BlockHash = bytes  # a SHA-256 digest: the same tokens give the same hash in every process
-HASH_FUNCTION = hashlib.sha256  # vLLM's default; unlike Python's hash(), stable across processes
-
 
 # --------------------------------------------------------------------------------------------
 # Blocks and the free-block queue (exercise 3.1)
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(eq=False, slots=True)
-class KVCacheBlock:
-    """One physical block of the KV cache: who holds it, and which tokens it caches, if any."""
-
-    block_id: int
-    ref_cnt: int = 0  # number of block tables holding this block
-    block_hash: BlockHash | None = None  # set while the block is published in the prefix cache
-    token_ids: tuple[int, ...] | None = None  # the tokens block_hash was computed from
-    prev_free_block: KVCacheBlock | None = field(default=None, repr=False)
-    next_free_block: KVCacheBlock | None = field(default=None, repr=False)
-
-    def __repr__(self) -> str:
-        """Short enough to print a whole block table (the hash cut to 8 hex digits)."""
-        cached = f", hash={self.block_hash.hex()[:8]}" if self.block_hash is not None else ""
-        return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}{cached})"
 
 
 class FreeKVCacheBlockQueue:
@@ -110,8 +75,7 @@ class FreeKVCacheBlockQueue:
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Every free block, front (evicted first) to back: for debugging, tests and the widget."""
-        blocks = []
-        block = self.fake_head.next_free_block
+        blocks, block = [], self.fake_head.next_free_block
         while block is not self.fake_tail:
             blocks.append(block)
             block = block.next_free_block
@@ -131,8 +95,7 @@ class BlockPool:
     """Owns every block: hands them out, takes them back, and remembers which ones hold cached prefixes."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
-        if num_blocks <= 0:
-            raise ValueError(f"num_blocks is {num_blocks}; the cache needs at least one block.")
+        check_cache_shape(num_blocks, block_size=1)
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
@@ -159,17 +122,19 @@ class BlockPool:
         # still carry an old prefix-cache entry: every one must go through
         # self._maybe_evict_cached_block(block) before it is returned (notebook 04 fills that in).
         # BEGIN SOLUTION 3.2
-        blocks = [self.free_block_queue.popleft() for _ in range(num_blocks)]
-        for block in blocks:
+        blocks = []
+        for _ in range(num_blocks):
+            block = self.free_block_queue.popleft()
             self._maybe_evict_cached_block(block)
             block.ref_cnt += 1
+            blocks.append(block)
         return blocks
         # END SOLUTION
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one holder from each block; a block nobody holds goes to the back of the free queue."""
         blocks = list(ordered_blocks)
-        self._check_held(blocks)
+        utils.check_held(blocks)
         # Exercise 3.2 (contract): each block loses one holder; a block left with none joins the BACK
         # of the free queue, in the order given (so the first one given is reused first). A block
         # someone still holds stays out of the queue.
@@ -179,12 +144,6 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
         # END SOLUTION
-
-    def _check_held(self, blocks: list[KVCacheBlock]) -> None:
-        """Refuse to free a block more times than it is held (a double free corrupts the queue)."""
-        for block, times in Counter(blocks).items():
-            if times > block.ref_cnt:
-                raise ValueError(f"block {block.block_id} freed twice: it is held {block.ref_cnt} time(s).")
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Add one holder to blocks a request shares (a prefix-cache hit or a fork)."""
@@ -240,6 +199,12 @@ class BlockPool:
         block.block_hash = None
         block.token_ids = None
         # END SOLUTION
+
+    def evict_free_cached_blocks(self) -> None:
+        """Unpublish every cached block nobody holds (after a failed step: their K/V may never have been written)."""
+        for block in self.blocks:
+            if block.ref_cnt == 0:
+                self._maybe_evict_cached_block(block)
 
     def get_num_cached_blocks(self) -> int:
         """Blocks currently published in the prefix cache (held or free)."""
@@ -297,27 +262,12 @@ def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[Block
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class PrefixCacheStats:
-    """Prefix-cache hits counted at admission: how much prompt work the cache saved."""
-
-    requests: int = 0  # admissions (a preempted request that resumes counts again)
-    queries: int = 0  # tokens those requests needed
-    hits: int = 0  # tokens found in the cache
-
-    @property
-    def hit_rate(self) -> float:
-        """Share of queried tokens served from the cache (0.0 before any admission)."""
-        return self.hits / self.queries if self.queries else 0.0
-
-
 class KVCacheManager:
     """Block tables for the scheduler: exact, all-or-nothing allocation over a shared block pool."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         check_cache_shape(num_blocks, block_size)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
         self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}  # request id -> its block table
@@ -420,30 +370,14 @@ class KVCacheManager:
         return num_new_blocks
         # END SOLUTION
 
-    def _check_allocation(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int,
-        new_computed_blocks: KVCacheBlocks | None,
-    ) -> list[KVCacheBlock]:
-        """Reject impossible arguments before anything changes; return the prefix hits as a list."""
-        check_token_count("num_new_tokens", num_new_tokens)
-        check_token_count("num_new_computed_tokens", num_new_computed_tokens)
-        hits = list(new_computed_blocks.blocks) if new_computed_blocks is not None else []
-        if not hits:
-            return hits
-        if self.req_to_blocks.get(request.id) or request.num_computed_tokens:
-            raise ValueError(
-                f"request {request.id} already has blocks or computed tokens; prefix-cache hits "
-                "(new_computed_blocks) are only taken when a request is admitted."
-            )
-        if num_new_computed_tokens != len(hits) * self.block_size:
-            raise ValueError(
-                f"num_new_computed_tokens is {num_new_computed_tokens} but the {len(hits)} hit block(s) "
-                f"hold {len(hits) * self.block_size} tokens; pass both from get_computed_blocks()."
-            )
-        return hits
+    def _check_allocation(self, request: Request, *args: object) -> list[KVCacheBlock]:
+        """Reject impossible arguments before anything changes (kv_cache_utils); return the prefix hits as a list."""
+        return utils.check_allocation(request, self.req_to_blocks.get(request.id, []), self.block_size, *args)
+
+    def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
+        """Count an admission's tokens and hits, for the hit-rate plot (only while caching is on)."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_stats.record_admission(request, num_hit_tokens)
 
     # ---- freeing ----
 
@@ -525,26 +459,11 @@ class KVCacheManager:
         self.num_cached_block[request.id] = num_full
         # END SOLUTION
 
-    def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
-        """Count an admission's tokens and hits, for the hit-rate plot (only while caching is on)."""
-        if not self.enable_prefix_caching:
-            return
-        self.prefix_cache_stats.requests += 1
-        self.prefix_cache_stats.queries += request.num_tokens
-        self.prefix_cache_stats.hits += num_hit_tokens
-
     def reset_prefix_cache(self) -> bool:
-        """Drop every cached-free block's prefix (vLLM's name): True, or False with a warning saying why.
-
-        Refused (False, nothing changed) while any block is held: as in vLLM, a reset waits until no
-        request is running. The reason is also kept in `self.reset_refusal` (None after a reset).
-        """
+        """Drop every cached-free block's prefix (vLLM's name); refused with a warning while any block is held."""
         held = self.num_blocks - self.get_num_free_blocks()
         if not self.block_pool.reset_prefix_cache():
-            self.reset_refusal = (
-                f"reset_prefix_cache refused: {held} of {self.num_blocks} blocks are held by requests; "
-                "finish or abort them (scheduler.finish_requests) and call it again."
-            )
+            self.reset_refusal = utils.reset_refusal(held, self.num_blocks)
             warnings.warn(self.reset_refusal, stacklevel=2)
             return False
         self.reset_refusal = None
@@ -560,15 +479,7 @@ class KVCacheManager:
 
     def fork(self, parent: Request, child: Request) -> None:
         """Let a child sequence share every block of its parent: no copy until one of them writes."""
-        if parent.id not in self.req_to_blocks:
-            raise ValueError(f"cannot fork request {parent.id}: it holds no blocks.")
-        if self.req_to_blocks.get(child.id):
-            raise ValueError(f"cannot fork into request {child.id}: it already holds blocks.")
-        if child.num_computed_tokens != parent.num_computed_tokens:
-            raise ValueError(
-                f"the child's num_computed_tokens ({child.num_computed_tokens}) must equal the parent's "
-                f"({parent.num_computed_tokens}): a fork starts from the same cached tokens."
-            )
+        utils.check_fork(self.req_to_blocks, parent, child)
         # Exercise 4.5 (contract): afterwards the child has a block table of its OWN (growing one table
         # never grows the other) listing the parent's blocks in order, and every one of those blocks
         # has one more holder. No block is taken from the pool. The child also inherits, as copies of
@@ -617,6 +528,11 @@ class KVCacheManager:
         return copies
         # END SOLUTION
 
+    def forget_unwritten_blocks(self) -> None:
+        """After a failed step: unpublish the blocks nobody holds and drop its planned copies (they never ran)."""
+        self.block_pool.evict_free_cached_blocks()
+        self.pending_copies = []
+
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies to run before the next forward pass; the list is then cleared."""
         # Exercise 4.5 (contract): return the copies reported since the last call, oldest first, and
@@ -633,18 +549,3 @@ class KVCacheManager:
             f"free={self.get_num_free_blocks()}, requests={len(self.req_to_blocks)}, "
             f"prefix_caching={self.enable_prefix_caching})"
         )
-
-
-__all__ = [
-    "BlockHash",
-    "BlockPool",
-    "FreeKVCacheBlockQueue",
-    "KVCacheBlock",
-    "KVCacheBlocks",
-    "KVCacheManager",
-    "MockKVCacheManager",
-    "PrefixCacheStats",
-    "blocks_needed",
-    "hash_block_tokens",
-    "hash_request_tokens",
-]

@@ -1,26 +1,15 @@
 """The engine's step: the loop every serving engine runs once per iteration (Exercise 1.1).
 
 vLLM's `EngineCore.step` and nano-vllm's `LLMEngine.step` make the same three calls: the scheduler
-plans a batch, the model runs it, the scheduler learns what came out. Everything else an iteration
-needs is given by `EngineCore` (kvcourse/engine.py), which calls `engine_step` and keeps the books:
-
-  * `core.scheduler`, `core.executor`, `core.iteration` (this step's number, from 1);
-  * `with core.phase(name, requests):` times the phase ("schedule", "execute" or "update") into this
-    step's record and, if the code inside raises, marks `requests` FAILED, gives their blocks back and
-    re-raises with their ids: a fault costs the requests it touched, never the engine
-    (for "schedule" leave `requests` out: the core works out which requests planning touched);
-  * `core.begin_batch(batch)` checks the scheduler's contract (a batch holds running requests only),
-    records the step's plan, and returns the batch's requests in batch order;
-  * `core.before_execute()` applies what must happen between planning and the model reading the cache
-    (the copy-on-write block copies of notebook 04, and the live views' hooks);
-  * `Deadlock` and `describe_stall(scheduler, iteration)` from kvcourse.engine.
+plans the step (a `SchedulerOutput`), the executor runs that plan, the scheduler learns what came
+out. `EngineCore` (kvcourse/engine.py) calls `engine_step(core)` and keeps the books around it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvcourse.engine import Deadlock, describe_stall
+from kvcourse.records import Deadlock, describe_stall
 from kvcourse.request import Request
 
 if TYPE_CHECKING:
@@ -29,34 +18,23 @@ if TYPE_CHECKING:
 
 def engine_step(core: EngineCore) -> list[Request]:
     """One iteration, schedule -> execute -> update; returns the requests that finished in it."""
-    # Exercise 1.1: the engine's step.
-    #   When it returns, the scheduler has planned exactly one batch (`core.scheduler.schedule_next_batch()`),
-    #   the executor has run that batch (`core.executor.execute(batch, block_tables)` returns the sampled
-    #   tokens), and the scheduler has been given exactly those tokens for it
-    #   (`core.scheduler.update_from_output(batch, sampled)`); the return value is what that update
-    #   returned (the requests finished this step).
-    #   Contract, in the order the engine needs it:
-    #   * each of the three calls runs inside its own `core.phase(...)`, and a fault while executing or
-    #     updating costs only the batch's requests;
-    #   * `core.begin_batch(batch)` sees every batch that will run, before anything runs;
-    #   * an empty batch means no request can make progress: raise Deadlock with describe_stall's
-    #     explanation instead of looping forever;
-    #   * the executor receives, with the batch, each batch request's block table (request id -> its
-    #     block ids) as the scheduler's kv_cache_manager holds them AFTER planning (planning allocates);
-    #     a scheduler with no kv_cache_manager (None: the memory-blind toy) gives None instead;
-    #   * `core.before_execute()` runs after planning and before the executor, inside the execute phase.
+    # Exercise 1.1: the engine's step. When it returns:
+    #   * core.scheduler has planned exactly one step (schedule_next_batch() returns a SchedulerOutput),
+    #     core.executor has run that plan (execute(scheduler_output) returns the sampled tokens), and
+    #     the scheduler's update_from_output(scheduler_output, sampled_token_ids) has taken exactly
+    #     those tokens; the step returns what the update returned (the requests finished this step);
+    #   * each call ran inside its own phase, `with core.phase(name, scheduler_output):` with name
+    #     "schedule" (no plan yet: leave scheduler_output out), "execute" or "update": the core times
+    #     it, records the plan, and if the call raises, fails only the requests it touched;
+    #   * an empty plan (no request can make progress) raised Deadlock(describe_stall(core.scheduler,
+    #     core.iteration)) instead of looping forever.
     # BEGIN SOLUTION 1.1
-    scheduler = core.scheduler
     with core.phase("schedule"):
-        batch = scheduler.schedule_next_batch()
-    if not batch:
-        raise Deadlock(describe_stall(scheduler, core.iteration))
-    requests = core.begin_batch(batch)
-    manager = scheduler.kv_cache_manager
-    block_tables = None if manager is None else {r.id: manager.get_block_ids(r) for r in requests}
-    with core.phase("execute", requests):
-        core.before_execute()
-        sampled = core.executor.execute(batch, block_tables)
-    with core.phase("update", requests):
-        return scheduler.update_from_output(batch, sampled)
+        scheduler_output = core.scheduler.schedule_next_batch()
+    if not scheduler_output:
+        raise Deadlock(describe_stall(core.scheduler, core.iteration))
+    with core.phase("execute", scheduler_output):
+        sampled_token_ids = core.executor.execute(scheduler_output)
+    with core.phase("update", scheduler_output):
+        return core.scheduler.update_from_output(scheduler_output, sampled_token_ids)
     # END SOLUTION

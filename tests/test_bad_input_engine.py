@@ -22,9 +22,9 @@ if not solutions_enabled():
     )
 
 from kvcourse import toy
+from kvcourse.contract import MockKVCacheManager
 from kvcourse.engine import LLMEngine, hf_greedy
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.models import load_gpt2
 from kvcourse.request import Request
 from kvcourse.scheduler import StallFreeScheduler

@@ -23,7 +23,7 @@ from kvcourse.bench.serving import (
     simulated_preemption_costs,
     summarize,
 )
-from kvcourse.kv_cache_interface import MockKVCacheManager
+from kvcourse.contract import MockKVCacheManager
 from kvcourse.request import Request
 from kvcourse.scheduler import StallFreeScheduler
 from kvcourse.toy import toy_generate, toy_requests

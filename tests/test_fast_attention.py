@@ -166,7 +166,7 @@ def test_runner_computes_logits_only_where_a_token_is_sampled(model):
             self.is_decode, self.samples_token = False, samples_token
 
     runner = ModelRunner(model, num_blocks=8, block_size=4, attention="fast")
-    out = runner.execute([Seq(0, [5, 6, 7], 0, False), Seq(1, [8, 9], 0, True)], {0: [1], 1: [2]})
+    out = runner.execute_batch([Seq(0, [5, 6, 7], 0, False), Seq(1, [8, 9], 0, True)], {0: [1], 1: [2]})
     assert list(out) == [1], "a prefill chunk short of its prompt's end samples nothing"
     assert out[1] == hf_greedy(model, [8, 9], 1)[0]
 

@@ -177,7 +177,7 @@ def test_a_batch_holding_a_preempted_request_is_an_error_naming_it(model, expect
         return batch
 
     engine.scheduler.schedule_next_batch = preempts_after_planning
-    with pytest.raises(BatchContractError, match=r"batch contains request \d+, which is not running"):
+    with pytest.raises(BatchContractError, match=r"plan contains request \d+, which is not running"):
         engine.generate(PROMPTS, NEW_TOKENS)
     _assert_settled(engine.scheduler, engine.kv_cache_manager, list(engine._requests.values()))
     engine.scheduler.schedule_next_batch = original
@@ -293,8 +293,7 @@ def test_a_slip_in_engine_step_outside_its_phases_still_fails_what_it_planned(mo
 
     def slipping(core):
         with core.phase("schedule"):
-            batch = core.scheduler.schedule_next_batch()
-        core.begin_batch(batch)
+            core.scheduler.schedule_next_batch()
         raise InjectedFault("a typo between the phases")
 
     monkeypatch.setattr(kvcourse.step, "engine_step", slipping)
@@ -323,7 +322,7 @@ def test_an_unwritten_step_raises_its_own_error_without_a_fault_note(monkeypatch
 @pytest.mark.parametrize(
     ("broken", "error", "words"),
     [
-        ("skips begin_batch", BatchContractError, "begin_batch"),
+        ("runs the plan outside the execute phase", BatchContractError, r"core.phase\('execute'"),
         ("returns nothing", TypeError, "must return the list of requests"),
     ],
 )
@@ -332,15 +331,14 @@ def test_a_step_that_breaks_its_contract_is_told_what_it_broke(monkeypatch, brok
 
     def step(core):
         with core.phase("schedule"):
-            batch = core.scheduler.schedule_next_batch()
-        requests = [core.scheduler.active_pool[s.request_id] for s in batch]
-        if broken != "skips begin_batch":
-            requests = core.begin_batch(batch)
-        manager = core.scheduler.kv_cache_manager
-        with core.phase("execute", requests):
-            sampled = core.executor.execute(batch, {r.id: manager.get_block_ids(r) for r in requests})
-        with core.phase("update", requests):
-            finished = core.scheduler.update_from_output(batch, sampled)
+            plan = core.scheduler.schedule_next_batch()
+        if broken == "runs the plan outside the execute phase":
+            sampled = core.executor.execute(plan)
+        else:
+            with core.phase("execute", plan):
+                sampled = core.executor.execute(plan)
+        with core.phase("update", plan):
+            finished = core.scheduler.update_from_output(plan, sampled)
         return None if broken == "returns nothing" else finished
 
     monkeypatch.setattr(kvcourse.step, "engine_step", step)
@@ -359,5 +357,7 @@ def test_phase_names_and_their_requests_are_checked():
     core = EngineCore(scheduler, toy.ToyExecutor(block_size=4))
     with pytest.raises(ValueError, match="unknown phase 'plan'"), core.phase("plan"):
         pass
-    with pytest.raises(ValueError, match="needs the batch's requests"), core.phase("execute"):
+    with pytest.raises(TypeError, match="takes the SchedulerOutput"), core.phase("execute"):
+        pass
+    with pytest.raises(TypeError, match="not list"), core.phase("update", [1, 2]):
         pass

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcourse.kv_cache_interface import KVCacheBlocks, KVCacheManagerProtocol, MockKVCacheManager, blocks_needed
+from kvcourse.contract import KVCacheBlocks, KVCacheManagerProtocol, MockKVCacheManager, blocks_needed
 from kvcourse.request import Request
 
 

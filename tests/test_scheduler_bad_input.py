@@ -7,7 +7,7 @@ from types import ModuleType
 import pytest
 from reference import load_reference
 
-from kvcourse.kv_cache_interface import MockKVCacheManager
+from kvcourse.contract import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
 from kvcourse.toy import BlindStallFreeScheduler, Deadlock, run, toy_requests
 
@@ -113,8 +113,11 @@ def test_a_stale_batch_is_reported(scheduler_module):
 
 def test_plain_skipping_deadlocks_with_a_readable_error(scheduler_module):
     class SkippingScheduler(scheduler_module.StallFreeScheduler):
-        def _allocate_or_preempt(self, request, num_new_tokens):
-            return self.kv_cache_manager.allocate_slots(request, num_new_tokens) is not None
+        def _schedule_running(self, request, num_new_tokens, output):
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            if new_blocks is not None:
+                output.add(self._new_sequence(request, num_new_tokens), new_blocks.get_block_ids())
+            return new_blocks is not None
 
     scheduler = SkippingScheduler(16, 4, MockKVCacheManager(num_blocks=6, block_size=4))
     for request in toy_requests([8, 8, 8], max_new_tokens=8, seed=2):
@@ -130,9 +133,9 @@ def test_run_stops_a_livelock():
             return True
 
         def schedule_next_batch(self):
-            from kvcourse.scheduler import ScheduledSequence
+            from kvcourse.scheduler import ScheduledSequence, SchedulerOutput
 
-            return [ScheduledSequence(0, [1], False, 0)]
+            return SchedulerOutput([ScheduledSequence(0, [1], False, 0)], {0: 1})
 
         def update_from_output(self, batch, sampled):
             return []

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from reference import load_reference
 
-from kvcourse.kv_cache_interface import MockKVCacheManager
+from kvcourse.contract import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
-from kvcourse.toy import ToyExecutor, block_tables_for, toy_generate
+from kvcourse.toy import ToyExecutor, toy_generate
 
 VOCAB = 7  # small, so that end-of-sequence tokens and shared prefixes happen often
 EXAMPLES = 200
@@ -121,7 +121,7 @@ def _drive(scheduler_module, make_manager, workload) -> tuple[list[Request], obj
             request = scheduler.active_pool[seq.request_id]
             assert seq.position_ids_start + len(seq.tokens) == request.num_computed_tokens, "positions are off"
         _check_running(scheduler, manager, block_size)
-        finished = scheduler.update_from_output(batch, executor.execute(batch, block_tables_for(scheduler, batch)))
+        finished = scheduler.update_from_output(batch, executor.execute(batch))
         for request in finished:
             executor.release(request.id)
         _check_running(scheduler, manager, block_size)

@@ -9,6 +9,7 @@ because the modules already imported in this process (a notebook's kernel) canno
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -105,3 +106,17 @@ def emit(result: dict, as_json: bool) -> None:
     """Print the JSON last line when asked (the tables are printed by the study itself)."""
     if as_json:
         print(json.dumps(result, sort_keys=True))
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int | None, quick: bool, cuda: bool) -> Iterator[None]:
+    """--quick on a CPU uses one thread (on a shared machine a second one mostly waits for a core); restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads or (quick and not cuda):
+        torch.set_num_threads(threads or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvcourse.bench.common import device_name, emit, not_written, parse_args, run_reference, whose_code
-from kvcourse.kv_cache_interface import MockKVCacheManager
+from kvcourse.contract import MockKVCacheManager
 from kvcourse.request import Request
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy.arrivals import RequestTimes, ServingRun, SimulatedClock, StepCost, serve

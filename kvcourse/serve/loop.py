@@ -266,7 +266,6 @@ class EngineLoop:
 
     def _step(self) -> None:
         """One engine step; a fault fails the requests it touched, and the loop keeps serving."""
-        preemptions_before = _num_preemptions(self.engine)
         try:
             self.engine.step()
         except Exception as exc:
@@ -274,7 +273,8 @@ class EngineLoop:
             log.error("engine step failed:\n%s", traceback.format_exc())
             self._fail_after_fault(self._last_error)
         self._steps += 1
-        self.metrics.preemptions.inc(max(0, _num_preemptions(self.engine) - preemptions_before))
+        if self.engine.last_record is not None:  # the step's own record says whom it preempted
+            self.metrics.preemptions.inc(len(self.engine.last_record.preempted))
 
     def _fail_after_fault(self, error: str) -> None:
         """A failed step: LLMEngine already ended the requests it touched (FAILED, with a reason)."""

@@ -18,7 +18,7 @@ loop runs, on a simulated or the wall clock; notebook 07). Pictures live in `kvc
 
 from kvcourse.toy.arrivals import RequestTimes, SimulatedClock, StepCost, WallClock, serve, serve_engine
 from kvcourse.toy.blind_scheduler import BlindStallFreeScheduler
-from kvcourse.toy.executor import ToyExecutor, block_tables_for
+from kvcourse.toy.executor import ToyExecutor
 from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_generate, toy_next_token
 from kvcourse.toy.runner import Deadlock, Livelock, StepRecord, Trace, format_step, run
 from kvcourse.toy.workload import toy_requests
@@ -35,7 +35,6 @@ __all__ = [
     "ToyExecutor",
     "Trace",
     "WallClock",
-    "block_tables_for",
     "format_step",
     "run",
     "serve",

@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kvcourse.contract import SchedulerProtocol
 from kvcourse.engine import EngineCore, StepRecord, Trace
-from kvcourse.kv_cache_interface import SchedulerProtocol
 from kvcourse.request import Request
 from kvcourse.toy.executor import ToyExecutor
 
@@ -115,9 +115,9 @@ class WallClock:
 class UnpagedToyExecutor(ToyExecutor):
     """The toy model with a cache per request: a swapped-out request's K/V survives (as if in the CPU pool)."""
 
-    def execute(self, batch, block_tables=None) -> dict[int, int]:
+    def execute_batch(self, batch, block_tables=None) -> dict[int, int]:
         """Ignore block tables: each request reads its own list, checked position by position."""
-        return super().execute(batch, None)
+        return super().execute_batch(batch, None)
 
 
 @dataclass

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
 
 from kvcourse.request import Request, RequestStatus, check_request
+from kvcourse.sched_output import ScheduledSequence, SchedulerOutput
 
 
 class BlindStallFreeScheduler:
@@ -26,6 +26,7 @@ class BlindStallFreeScheduler:
         self.finished: list[Request] = []
         self.rejected: list[Request] = []  # never: it does not know the cache's size
         self.num_preemptions = 0  # never: it never runs out of (the memory it does not see)
+        self._num_finished_reported = 0  # how much of self.finished earlier steps' outputs reported
 
     def add_request(self, request: Request) -> None:
         """Queue a request (a request with nothing to generate is finished at once)."""
@@ -36,48 +37,46 @@ class BlindStallFreeScheduler:
         else:
             self.waiting_queue.append(request)
 
-    def schedule_next_batch(self) -> list:
+    def schedule_next_batch(self) -> SchedulerOutput:
         """Decodes, then the prefill in progress, then admissions: no question asked about memory."""
-        from kvcourse.scheduler import ScheduledSequence  # the dataclass (never a stub)
-
-        batch: list = []
-        budget = self.token_budget
+        output = SchedulerOutput(finished_req_ids=[r.id for r in self.finished[self._num_finished_reported :]])
+        self._num_finished_reported = len(self.finished)
         for request in self.active_pool.values():
-            if budget == 0:
+            if output.total_num_scheduled_tokens == self.token_budget:
                 break
-            if request.is_prefill_done():
-                batch.append(self._advance(ScheduledSequence, request, 1, True))
-                budget -= 1
-            else:
-                n = min(request.num_uncomputed_tokens, budget)
-                batch.append(self._advance(ScheduledSequence, request, n, False))
-                budget -= n
-        while self.waiting_queue and budget > 0 and len(self.active_pool) < self.max_batch_size:
+            n = 1 if request.is_prefill_done() else request.num_uncomputed_tokens
+            output.add(self._new_sequence(request, min(n, self.token_budget - output.total_num_scheduled_tokens)))
+        while self.waiting_queue and output.total_num_scheduled_tokens < self.token_budget:
+            if len(self.active_pool) >= self.max_batch_size:
+                break
             request = self.waiting_queue.popleft()
             request.status = RequestStatus.RUNNING
             self.active_pool[request.id] = request
-            n = min(request.num_tokens, budget)
-            batch.append(self._advance(ScheduledSequence, request, n, False))
-            budget -= n
-        return batch
+            output.add(
+                self._new_sequence(
+                    request, min(request.num_tokens, self.token_budget - output.total_num_scheduled_tokens)
+                )
+            )
+        for request_id, n in output.num_scheduled_tokens.items():  # plan, then apply
+            self.active_pool[request_id].num_computed_tokens += n
+        return output
 
     @staticmethod
-    def _advance(sequence_type: type, request: Request, n: int, is_decode: bool) -> Any:
+    def _new_sequence(request: Request, n: int) -> ScheduledSequence:
         """The next n tokens of the request, at positions that follow its cached ones."""
         start = request.num_computed_tokens
-        request.num_computed_tokens += n
-        return sequence_type(
+        return ScheduledSequence(
             request.id,
             request.all_token_ids[start : start + n],
-            is_decode,
+            request.is_prefill_done(),
             start,
-            samples_token=request.num_computed_tokens == request.num_tokens,
+            samples_token=start + n == request.num_tokens,
         )
 
-    def update_from_output(self, batch: list, sampled_token_ids: dict[int, int]) -> list[Request]:
+    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[int, int]) -> list[Request]:
         """Append sampled tokens; finished requests leave (nothing to free: it never allocated)."""
         finished = []
-        for sequence in batch:
+        for sequence in scheduler_output:
             if sequence.samples_token:
                 request = self.active_pool[sequence.request_id]
                 request.output_tokens.append(sampled_token_ids[sequence.request_id])

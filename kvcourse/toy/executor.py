@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcourse.kv_cache_interface import ScheduledSequenceProtocol, SchedulerProtocol
+from kvcourse.contract import ScheduledSequenceProtocol
+from kvcourse.sched_output import SchedulerOutput
 from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_next_token
 
 
@@ -28,7 +29,21 @@ class ToyExecutor:
         self.slots: dict[tuple[int, int], int] = {}  # (block id, offset) -> token whose K/V is stored there
         self.cached_tokens: dict[int, list[int]] = {}  # without block tables: request id -> tokens by position
 
-    def execute(
+    def execute(self, scheduler_output: SchedulerOutput) -> dict[int, int]:
+        """Run one step's plan: forget requests settled since the last step, make its block copies, run its sequences."""
+        for request_id in scheduler_output.finished_req_ids:
+            self.release(request_id)
+        self.copy_blocks(scheduler_output.blocks_to_copy)
+        return self.execute_batch(scheduler_output.scheduled_seqs, scheduler_output.block_ids)
+
+    def copy_blocks(self, blocks_to_copy: Sequence[tuple[int, int]]) -> None:
+        """Copy-on-write: block dst gets every token src holds, before the sequences are written."""
+        for src, dst in blocks_to_copy:
+            for offset in range(self.block_size or 0):
+                if (src, offset) in self.slots:
+                    self.slots[dst, offset] = self.slots[src, offset]
+
+    def execute_batch(
         self, batch: Sequence[ScheduledSequenceProtocol], block_tables: dict[int, list[int]] | None = None
     ) -> dict[int, int]:
         """Write each sequence's tokens at its positions, then sample one token where the sequence asks for it."""
@@ -97,13 +112,3 @@ class ToyExecutor:
     def release(self, request_id: int) -> None:
         """Forget a finished request's unpaged cache (paged slots stay, like real memory)."""
         self.cached_tokens.pop(request_id, None)
-
-
-def block_tables_for(
-    scheduler: SchedulerProtocol, batch: Sequence[ScheduledSequenceProtocol]
-) -> dict[int, list[int]] | None:
-    """The block table of every request in the batch, as a paged engine hands them to the model."""
-    manager, running = scheduler.kv_cache_manager, scheduler.active_pool
-    if manager is None:
-        return None
-    return {s.request_id: manager.get_block_ids(running[s.request_id]) for s in batch if s.request_id in running}

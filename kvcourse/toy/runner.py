@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvcourse.engine import Deadlock, EngineCore, StepRecord, Trace, format_step
-from kvcourse.kv_cache_interface import SchedulerProtocol
+from kvcourse.contract import SchedulerProtocol
+from kvcourse.engine import EngineCore
+from kvcourse.records import Deadlock, StepRecord, Trace, format_step
+from kvcourse.sched_output import SchedulerOutput
 from kvcourse.toy.executor import ToyExecutor
 
 
@@ -23,12 +25,12 @@ def run(
     scheduler: SchedulerProtocol,
     executor: ToyExecutor | None = None,
     max_iterations: int = 10_000,
-    on_step: Callable[[int, list, SchedulerProtocol], None] | None = None,
+    on_step: Callable[[int, SchedulerOutput, SchedulerProtocol], None] | None = None,
     verbose: bool = False,
 ) -> Trace:
     """Drive schedule -> execute -> update_from_output until every request is settled; return the trace.
 
-    `on_step(iteration, batch, scheduler)` is called after each update (to snapshot the KV manager).
+    `on_step(iteration, scheduler_output, scheduler)` is called after each update (to snapshot the KV manager).
     Raises `Deadlock` when a step schedules nothing while requests are unfinished, and `Livelock`
     (a RuntimeError too) after `max_iterations` steps; both carry the `trace` so far, and leave the
     scheduler as it was (to inspect). Any other error inside a step fails the requests that step
@@ -63,7 +65,7 @@ def run(
             finished = [core.trace.requests[rid] for rid in record.finished]
             print("Finished: " + ", ".join(f"Req {r.id} ({len(r.output_tokens)} tokens)" for r in finished))
         if on_step is not None:
-            on_step(record.iteration, core.last_batch, scheduler)
+            on_step(record.iteration, core.last_output, scheduler)
     return core.trace
 
 

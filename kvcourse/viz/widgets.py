@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import ipywidgets as widgets
 
-from kvcourse.kv_cache_interface import SchedulerProtocol
+from kvcourse.contract import SchedulerProtocol
 from kvcourse.request import Request
 
 # A qualitative palette (Tableau 10 + 6): request i is always drawn in PALETTE[i % len(PALETTE)].

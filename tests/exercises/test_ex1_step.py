@@ -1,8 +1,7 @@
 """Graded tests for notebook 01: the engine's step (Exercise 1.1, kvcourse/step.py).
 
 They drive `EngineCore.step`, which calls the learner's `engine_step`, with the given memory-blind
-scheduler of notebook 01 (or a small paged variant of it over the given MockKVCacheManager) and the toy
-executor, so that they depend on no other exercise.
+scheduler of notebook 01 and the toy executor, so that they depend on no other exercise.
 """
 
 from __future__ import annotations
@@ -10,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from kvcourse.engine import BatchContractError, Deadlock, EngineCore, describe_stall
-from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
+from kvcourse.sched_output import SchedulerOutput
 from kvcourse.toy import BlindStallFreeScheduler, ToyExecutor, run, toy_generate, toy_requests
 
 pytestmark = pytest.mark.ex1_1
@@ -19,49 +18,6 @@ pytestmark = pytest.mark.ex1_1
 
 class ModelCrash(Exception):
     """What a test's broken model raises (not a RuntimeError, so it is never confused with a stub's)."""
-
-
-class PagedBlind(BlindStallFreeScheduler):
-    """The blind planner, but every sequence it schedules gets its blocks from a mock manager while planning."""
-
-    def __init__(self, token_budget: int = 24, max_batch_size: int = 3, block_size: int = 4) -> None:
-        super().__init__(token_budget, max_batch_size)
-        self.kv_cache_manager = MockKVCacheManager(num_blocks=10_000, block_size=block_size)
-
-    def schedule_next_batch(self) -> list:
-        batch = super().schedule_next_batch()  # has already advanced num_computed_tokens past each chunk
-        for sequence in batch:
-            assert self.kv_cache_manager.allocate_slots(self.active_pool[sequence.request_id], 0) is not None
-        return batch
-
-    def update_from_output(self, batch, sampled):
-        return self._freed(super().update_from_output(batch, sampled))
-
-    def finish_requests(self, request_ids, status, reason=None):
-        return self._freed(super().finish_requests(request_ids, status, reason))
-
-    def _freed(self, requests: list) -> list:
-        for request in requests:
-            self.kv_cache_manager.free(request)
-        return requests
-
-
-class TableChecker(ToyExecutor):
-    """A toy executor that checks, when it runs, that it got the block tables the manager holds right then."""
-
-    def __init__(self, manager: MockKVCacheManager) -> None:
-        super().__init__(block_size=manager.block_size)
-        self.manager, self.runs = manager, 0
-
-    def execute(self, batch, block_tables=None):
-        assert isinstance(block_tables, dict), "with a kv_cache_manager, the executor needs block tables"
-        assert set(block_tables) == {s.request_id for s in batch}, "one table per request in the batch, no more"
-        for s in batch:
-            assert list(block_tables[s.request_id]) == self.manager.req_to_blocks[s.request_id], (
-                "each table as the manager holds it after planning"
-            )
-        self.runs += 1
-        return super().execute(batch, block_tables)
 
 
 class Recording:
@@ -77,18 +33,18 @@ class Recording:
         )
 
         def schedule():
-            batch = inner_schedule()
-            self.events.append(("schedule", batch))
-            return batch
+            scheduler_output = inner_schedule()
+            self.events.append(("schedule", scheduler_output))
+            return scheduler_output
 
-        def execute(batch, block_tables=None):
-            sampled = inner_execute(batch, block_tables)
-            self.events.append(("execute", batch, block_tables, sampled))
+        def execute(scheduler_output):
+            sampled = inner_execute(scheduler_output)
+            self.events.append(("execute", scheduler_output, sampled))
             return sampled
 
-        def update(batch, sampled):
-            finished = inner_update(batch, sampled)
-            self.events.append(("update", batch, sampled, list(finished)))
+        def update(scheduler_output, sampled):
+            finished = inner_update(scheduler_output, sampled)
+            self.events.append(("update", scheduler_output, sampled, list(finished)))
             return finished
 
         scheduler.schedule_next_batch, scheduler.update_from_output, executor.execute = schedule, update, execute
@@ -114,7 +70,7 @@ def test_a_run_gives_the_outputs_of_generating_each_request_alone():
     assert len(trace.steps) == trace.steps[-1].iteration
 
 
-def test_each_step_plans_once_runs_that_batch_and_hands_back_its_tokens():
+def test_each_step_plans_once_runs_that_plan_and_hands_back_its_tokens():
     scheduler, _ = blind()
     recording = Recording(scheduler, ToyExecutor())
     core = EngineCore(scheduler, recording.executor)
@@ -124,9 +80,9 @@ def test_each_step_plans_once_runs_that_batch_and_hands_back_its_tokens():
         assert recording.names() == ["schedule", "execute", "update"], (
             f"step {step}: expected one plan, one run, one update in that order; the step made {recording.names()}"
         )
-        (_, planned), (_, ran, _, sampled), (_, updated, given, _) = recording.events
-        assert ran is planned, "the executor must run the batch the scheduler planned"
-        assert updated is planned, "update_from_output must get the batch that ran"
+        (_, planned), (_, ran, sampled), (_, updated, given, _) = recording.events
+        assert ran is planned, "the executor must run the SchedulerOutput the scheduler planned, whole"
+        assert updated is planned, "update_from_output must get the SchedulerOutput that ran"
         assert given == sampled, "update_from_output must get exactly the tokens the executor sampled"
 
 
@@ -151,13 +107,13 @@ def test_each_phase_is_timed_in_the_record():
         f"each of the three calls should run inside its own core.phase(...); phases timed: {sorted(record.seconds)}"
     )
     assert all(seconds >= 0 for seconds in record.seconds.values())
-    assert record.scheduled, "the step's plan must be recorded (core.begin_batch)"
+    assert record.scheduled, "the step's plan must be recorded (core.phase('execute', scheduler_output))"
 
 
 def test_an_empty_plan_raises_deadlock_and_runs_nothing():
     class Stuck(BlindStallFreeScheduler):
         def schedule_next_batch(self):
-            return []
+            return SchedulerOutput()
 
     scheduler, _ = blind(scheduler=Stuck(16, 3))
     recording = Recording(scheduler, ToyExecutor())
@@ -169,89 +125,63 @@ def test_an_empty_plan_raises_deadlock_and_runs_nothing():
     assert recording.names() == ["schedule"], "nothing may run or update after an empty plan"
 
 
-def test_block_tables_are_those_the_manager_holds_after_planning():
-    scheduler, requests = blind((9, 5, 14), (4, 6, 3), scheduler=PagedBlind(block_size=4))
-    executor = TableChecker(scheduler.kv_cache_manager)
-    trace = run(scheduler, executor)
-    assert executor.runs == len(trace.steps) > 3
-    for request in requests:
-        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens)
+def test_a_fault_while_planning_is_reported_as_scheduling():
+    class BrokenPlanner(BlindStallFreeScheduler):
+        def schedule_next_batch(self):
+            super().schedule_next_batch()  # admits requests, then breaks
+            raise ModelCrash("the planner crashed")
 
-
-def test_without_a_manager_the_executor_gets_no_block_tables():
-    scheduler, _ = blind()
-    recording = Recording(scheduler, ToyExecutor())
-    EngineCore(scheduler, recording.executor).step()
-    assert recording.events[1][2] is None
-
-
-def test_before_execute_runs_after_planning_and_before_the_executor():
-    scheduler, _ = blind()
-    recording = Recording(scheduler, ToyExecutor())
-    core = EngineCore(scheduler, recording.executor, before_execute=lambda: recording.events.append(("copies",)))
-    for _ in range(3):
-        recording.events.clear()
-        core.step()
-        assert recording.names() == ["schedule", "copies", "execute", "update"], (
-            "core.before_execute() must run once per step, after planning and before the executor; the step made "
-            f"{recording.names()} ('copies' is before_execute)"
-        )
-
-
-def test_before_execute_belongs_to_the_execute_phase():
-    def broken_copies():
-        raise ModelCrash("a block copy failed")
-
-    scheduler, requests = blind()
-    core = EngineCore(scheduler, ToyExecutor(), before_execute=broken_copies)
+    scheduler, requests = blind(scheduler=BrokenPlanner(16, 3))
     with pytest.raises(ModelCrash) as error:
-        core.step()
+        EngineCore(scheduler, ToyExecutor()).step()
     notes = " ".join(getattr(error.value, "__notes__", []))
-    assert "the executor" in notes, (
-        "a fault in core.before_execute() should be reported as part of the execute phase (call it inside "
-        f"core.phase('execute', requests)); the report said: {notes!r}"
+    assert "failed in scheduling" in notes, (
+        f"plan inside core.phase('schedule'), so a fault there is reported as scheduling; the report said {notes!r}"
     )
-    assert any(r.status is RequestStatus.FAILED for r in requests), "the batch's requests fail with the step"
+    assert any(r.status is RequestStatus.FAILED for r in requests), "the requests planning touched fail"
 
 
-def test_a_fault_in_the_executor_fails_only_the_batch():
+def test_a_fault_in_the_executor_fails_only_the_plan():
     class Broken(ToyExecutor):
         ran: tuple[int, ...] = ()
 
-        def execute(self, batch, block_tables=None):
-            self.ran = [s.request_id for s in batch]
+        def execute(self, scheduler_output):
+            self.ran = [s.request_id for s in scheduler_output]
             raise ModelCrash("the model crashed")
 
-    scheduler, requests = blind((6, 6, 6), (3, 3, 3), scheduler=PagedBlind(token_budget=8, max_batch_size=2))
-    executor = Broken(block_size=4)
+    scheduler, requests = blind((6, 6, 6), (3, 3, 3), budget=8, batch=2)
+    executor = Broken()
     with pytest.raises(ModelCrash, match="the model crashed") as error:
         EngineCore(scheduler, executor).step()
-    in_batch = [r for r in requests if r.id in executor.ran]
+    in_plan = [r for r in requests if r.id in executor.ran]
     outside = [r for r in requests if r.id not in executor.ran]
-    assert in_batch and outside, "the workload leaves a request waiting outside the first batch"
-    assert all(r.status is RequestStatus.FAILED for r in in_batch), "a fault while executing fails the batch"
-    assert all(r.status is RequestStatus.WAITING for r in outside), "a request outside the batch must not pay"
-    assert all(not scheduler.kv_cache_manager.get_block_ids(r) for r in in_batch), "failed requests give blocks back"
-    assert any("FAILED" in note for note in getattr(error.value, "__notes__", []))
+    assert in_plan and outside, "the workload leaves a request waiting outside the first plan"
+    assert all(r.status is RequestStatus.FAILED for r in in_plan), "a fault while executing fails the plan's requests"
+    assert all(r.status is RequestStatus.WAITING for r in outside), "a request outside the plan must not pay"
+    notes = " ".join(getattr(error.value, "__notes__", []))
+    assert "FAILED" in notes and "the executor" in notes, (
+        f"run the plan inside core.phase('execute', scheduler_output); the report said {notes!r}"
+    )
 
 
-def test_a_fault_in_the_update_fails_the_batch_and_the_engine_goes_on():
+def test_a_fault_in_the_update_fails_the_plan_and_the_engine_goes_on():
     class FaultyOnce(BlindStallFreeScheduler):
         broke = False
 
-        def update_from_output(self, batch, sampled):
+        def update_from_output(self, scheduler_output, sampled):
             if not self.broke:
                 self.broke = True
                 raise ValueError("bad update")
-            return super().update_from_output(batch, sampled)
+            return super().update_from_output(scheduler_output, sampled)
 
     scheduler, requests = blind((4, 4, 4), (2, 2, 2), budget=8, batch=2, scheduler=FaultyOnce(8, 2))
     core = EngineCore(scheduler, ToyExecutor())
-    with pytest.raises(ValueError, match="bad update"):
+    with pytest.raises(ValueError, match="bad update") as error:
         core.step()
     failed = [r for r in requests if r.status is RequestStatus.FAILED]
-    assert failed, "a fault in the update should fail the batch's requests (run it inside core.phase('update', ...))"
-    assert len(failed) < len(requests), "a fault in the update should fail only the batch's requests"
+    assert failed, "a fault in the update should fail the plan's requests (run it inside core.phase('update', ...))"
+    assert len(failed) < len(requests), "a fault in the update should fail only the plan's requests"
+    assert "update_from_output" in " ".join(getattr(error.value, "__notes__", [])), "reported as the update phase"
     while scheduler.has_unfinished_requests():
         core.step()
     for request in requests:
@@ -259,14 +189,14 @@ def test_a_fault_in_the_update_fails_the_batch_and_the_engine_goes_on():
             assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens)
 
 
-def test_a_batch_with_a_request_that_is_not_running_is_refused_before_it_runs():
+def test_a_plan_with_a_request_that_is_not_running_is_refused_before_it_runs():
     class Stale(BlindStallFreeScheduler):
         def schedule_next_batch(self):
-            batch = super().schedule_next_batch()
-            request = self.active_pool.pop(batch[0].request_id)
+            scheduler_output = super().schedule_next_batch()
+            request = self.active_pool.pop(scheduler_output[0].request_id)
             request.status = RequestStatus.PREEMPTED
             self.waiting_queue.appendleft(request)
-            return batch
+            return scheduler_output
 
     scheduler, _ = blind(scheduler=Stale(16, 3))
     recording = Recording(scheduler, ToyExecutor())

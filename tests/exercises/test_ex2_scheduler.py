@@ -1,7 +1,7 @@
 """Graded tests for notebook 02: the memory-aware StallFreeScheduler (exercises 2.1-2.9).
 
-The warm-ups (2.1-2.3) call the method the learner writes directly, so that each can be checked before
-the step that calls it (2.4) exists. Tests put requests straight into `waiting_queue` / `active_pool`
+The warm-ups (2.1-2.3) call the method the learner writes directly, with a fresh `SchedulerOutput` to plan
+into, so that each can be checked before the step that calls it (2.4) exists. Tests put requests straight into `waiting_queue` / `active_pool`
 (the lesson's names) instead of calling `add_request`, so that they do not depend on Exercise 2.9.
 """
 
@@ -12,9 +12,9 @@ import typing
 
 import pytest
 
-from kvcourse.kv_cache_interface import KVCacheBlocks, MockKVCacheManager
+from kvcourse.contract import KVCacheBlocks, MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
-from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
+from kvcourse.scheduler import ScheduledSequence, SchedulerOutput, StallFreeScheduler
 from kvcourse.toy import run, toy_generate, toy_requests
 
 
@@ -81,17 +81,22 @@ def run_all(scheduler: StallFreeScheduler, requests: list[Request]):
     return run(scheduler, max_iterations=2_000)
 
 
+def plan() -> SchedulerOutput:
+    """An empty plan for one step, as schedule_next_batch starts it."""
+    return SchedulerOutput(block_ids={})
+
+
 def refuse_memory(scheduler: StallFreeScheduler, preempts: bool = False) -> list:
-    """Make _allocate_or_preempt say no (as if the request had to step back); record its calls."""
+    """Make _schedule_running say no (as if the request had to step back); record its calls."""
     calls = []
 
-    def no_room(request, num_new_tokens):
+    def no_room(request, num_new_tokens, output):
         calls.append((request.id, num_new_tokens))
         if preempts:
-            scheduler.num_preemptions += 1  # as if someone had been preempted on the way
+            output.preempted_req_ids.append(-1)  # as if someone had been preempted on the way
         return False
 
-    scheduler._allocate_or_preempt = no_room
+    scheduler._schedule_running = no_room
     return calls
 
 
@@ -104,81 +109,71 @@ def raised_by(call: typing.Callable[[], object]) -> Exception | None:
     return None
 
 
-def admit_the_head_only(scheduler: StallFreeScheduler) -> list[int]:
-    """Stand in for Exercise 2.6's admission pass: admit at most the head; record the batch size it saw."""
-    seen = []
-
-    def admission(batch):
-        seen.append(len(batch))
-        if scheduler.waiting_queue and scheduler._has_room(batch):
-            sequence = scheduler._admit(scheduler.waiting_queue[0], scheduler._budget_left(batch))
-            if sequence is not None:
-                batch.append(sequence)
-
-    scheduler._admit_waiting = admission
-    return seen
-
-
 # --------------------------------------------------------------------------------------- 2.1
 @pytest.mark.ex2_1
 def test_decode_feeds_the_newest_token_at_the_next_position():
     scheduler, manager = make()
     request = decoding(scheduler, manager, 0, prompt_len=10, outputs=[42])
-    seq = scheduler._schedule_decode(request)
-    assert isinstance(seq, ScheduledSequence), "a decode with room should return its ScheduledSequence"
-    assert seq.request_id == request.id and seq.is_decode, "the scheduled sequence should be a decode of that request"
+    output = plan()
+    assert scheduler._schedule_running(request, 1, output) is True, "a decode with room should be planned (True)"
+    assert len(output) == 1 and isinstance(output[0], ScheduledSequence), "the plan should hold one sequence"
+    seq = output[0]
+    assert seq.request_id == request.id and seq.is_decode, "the planned sequence should be a decode of that request"
     assert seq.tokens == [42], "a decode should feed the newest sampled token (no placeholder)"
     assert seq.position_ids_start == 10, "a decode's position should be the number of tokens already cached"
-    assert request.num_computed_tokens == request.num_tokens, "after scheduling, the decoded token counts as computed"
+    assert output.num_scheduled_tokens == {0: 1}, "the plan counts one token for the decode"
+    assert request.num_computed_tokens == 10, (
+        "planning does not advance num_computed_tokens: the plan's tokens are applied once, after planning"
+    )
 
 
 @pytest.mark.ex2_1
 def test_a_chunk_is_described_from_the_tokens_already_cached():
     request = Request(id=7, prompt_tokens=prompt(10), max_new_tokens=3)
-    first = StallFreeScheduler._advance(request, 6, is_decode=False)
+    first = StallFreeScheduler._new_sequence(request, 6)
     assert (first.request_id, first.tokens, first.position_ids_start) == (7, prompt(10)[:6], 0), (
         "the first chunk of a prompt should be its first tokens, from position 0"
     )
     assert not first.is_decode and not first.samples_token, "a chunk that stops inside the prompt samples nothing"
-    assert request.num_computed_tokens == 6, "the described tokens should count as computed"
-    rest = StallFreeScheduler._advance(request, 4, is_decode=False)
+    assert request.num_computed_tokens == 0, "describing a chunk changes nothing (the plan is applied later)"
+    request.num_computed_tokens = 6
+    rest = StallFreeScheduler._new_sequence(request, 4)
     assert (rest.tokens, rest.position_ids_start) == (prompt(10)[6:], 6), "the next chunk starts where the cache ends"
-    assert rest.samples_token, "the chunk that completes the prompt must sample the first output token"
+    assert rest.samples_token and not rest.is_decode, "the chunk that completes the prompt must sample a token"
+    request.num_computed_tokens = 10
     request.output_tokens.append(55)
-    decode = StallFreeScheduler._advance(request, 1, is_decode=True)
+    decode = StallFreeScheduler._new_sequence(request, 1)
     assert (decode.tokens, decode.position_ids_start, decode.is_decode) == ([55], 10, True), (
         "after the prompt, the next token to feed is the first output token, at the position after the prompt"
     )
+    assert decode.samples_token, "a decode always samples"
 
 
 @pytest.mark.ex2_1
-def test_decode_takes_a_new_block_only_at_a_block_boundary():
+def test_a_recomputing_request_refeeds_its_outputs_as_prefill():
+    request = Request(id=3, prompt_tokens=prompt(5), max_new_tokens=6, output_tokens=[70, 71])
+    seq = StallFreeScheduler._new_sequence(request, 7)  # preempted: nothing cached, 5 + 2 tokens to recompute
+    assert seq.tokens == prompt(5) + [70, 71] and not seq.is_decode, (
+        "a recompute feeds the prompt and the outputs kept, as a prefill (request.all_token_ids)"
+    )
+    assert seq.samples_token, "the recompute reaches the end of the request's tokens: it samples the next one"
+
+
+@pytest.mark.ex2_1
+def test_decode_takes_a_new_block_only_at_a_block_boundary_and_the_plan_says_which():
     scheduler, manager = make(num_blocks=20, block_size=4)
     at_boundary = decoding(scheduler, manager, 0, prompt_len=7, outputs=[5, 6])  # 8 cached: blocks full
     inside = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5, 6])  # 9 cached: room left
     free_before = manager.get_num_free_blocks()
-    assert scheduler._schedule_decode(at_boundary) is not None and scheduler._schedule_decode(inside) is not None
+    output = plan()
+    assert scheduler._schedule_running(at_boundary, 1, output) and scheduler._schedule_running(inside, 1, output)
     assert len(manager.get_block_ids(at_boundary)) == 3, "a decode past a full block must allocate one more block"
     assert len(manager.get_block_ids(inside)) == 3, "a decode that fits the last block must not allocate another"
     assert manager.get_num_free_blocks() == free_before - 1, "the decodes took the wrong number of blocks"
-
-
-@pytest.mark.ex2_1
-def test_a_decode_that_gets_no_room_is_not_scheduled():
-    scheduler, manager = make()
-    request = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: at a block boundary
-    calls = refuse_memory(scheduler)
-    held = manager.get_block_ids(request)
-    assert scheduler._schedule_decode(request) is None, (
-        "when self._allocate_or_preempt says no, the decode must not be scheduled (return None)"
+    assert output.new_block_ids.get(0) == manager.get_block_ids(at_boundary)[-1:], (
+        "the plan should carry the ids of the blocks allocate_slots returned (output.add(sequence, block_ids))"
     )
-    assert calls == [(request.id, 1)], (
-        "room for a decode (one token) must come from self._allocate_or_preempt, the one place that decides "
-        "who steps back"
-    )
-    assert request.num_computed_tokens == 8 and manager.get_block_ids(request) == held, (
-        "a decode that got no room must change nothing about the request"
-    )
+    assert not output.new_block_ids.get(1), "a decode that took no block has no new block ids"
 
 
 # --------------------------------------------------------------------------------------- 2.2
@@ -187,8 +182,10 @@ def test_admission_schedules_the_whole_prompt_when_the_budget_allows():
     scheduler, manager = make(block_size=16)
     request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=4)
     queue(scheduler, request)
-    seq = scheduler._admit(request, 64)
-    assert seq is not None and not seq.is_decode, "a new request that fits should get one prefill chunk"
+    output = plan()
+    assert scheduler._admit(request, 64, output) is True, "a new request that fits should be admitted (True)"
+    [seq] = list(output)
+    assert not seq.is_decode, "a new request that fits should get one prefill chunk"
     assert seq.tokens == request.prompt_tokens and seq.position_ids_start == 0, (
         "the first chunk should be the prompt from position 0"
     )
@@ -198,6 +195,7 @@ def test_admission_schedules_the_whole_prompt_when_the_budget_allows():
         "an admitted request moves from the waiting queue to active_pool"
     )
     assert len(manager.get_block_ids(request)) == 2, "the prompt's blocks were not allocated (or too many were)"
+    assert output.new_block_ids[0] == manager.get_block_ids(request), "the plan lists the blocks allocate_slots added"
 
 
 @pytest.mark.ex2_2
@@ -206,7 +204,7 @@ def test_admission_takes_out_the_admitted_request_not_the_head():
     first = Request(id=1, prompt_tokens=prompt(14), max_new_tokens=4)
     second = Request(id=2, prompt_tokens=prompt(6), max_new_tokens=4)
     queue(scheduler, first, second)
-    assert scheduler._admit(second, 64) is not None, "a request that fits should be admitted"
+    assert scheduler._admit(second, 64, plan()) is True, "a request that fits should be admitted"
     assert list(scheduler.waiting_queue) == [first], (
         "admitting a request must remove THAT request from the waiting queue, not the head"
     )
@@ -218,41 +216,15 @@ def test_the_first_chunk_is_cut_to_the_budget_left():
     scheduler, manager = make(block_size=8)
     request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
     queue(scheduler, request)
-    seq = scheduler._admit(request, 16)
-    assert seq is not None and seq.tokens == request.prompt_tokens[:16], "the first chunk should be 16 prompt tokens"
+    output = plan()
+    assert scheduler._admit(request, 16, output) is True
+    [seq] = list(output)
+    assert seq.tokens == request.prompt_tokens[:16], "the first chunk should be 16 prompt tokens"
     assert not seq.samples_token, "a chunk that does not complete the prompt samples nothing"
-    assert request.num_computed_tokens == 16, "the scheduled chunk counts as computed"
-    assert len(manager.get_block_ids(request)) == 2, "only the chunk's blocks should be allocated"
-
-
-@pytest.mark.ex2_2
-def test_a_running_prefill_continues_where_the_cache_ends():
-    scheduler, manager = make(block_size=8)
-    request = prefilling(scheduler, manager, 0, prompt_len=40, computed=16)
-    starts, held = [], []
-    for _ in range(2):
-        seq = scheduler._schedule_prefill_chunk(request, 16)
-        assert seq is not None and not seq.is_decode, "a running prefill with room should get its next chunk"
-        assert seq.tokens == request.prompt_tokens[seq.position_ids_start : seq.position_ids_start + len(seq.tokens)], (
-            "a chunk's tokens should be the prompt tokens at its positions"
-        )
-        starts.append(seq.position_ids_start)
-        held.append(len(manager.get_block_ids(request)))
-    assert starts == [16, 32], "each chunk should start where the cached tokens end"
-    assert held == [4, 5], "each chunk should allocate exactly the blocks it needs before it is scheduled"
-    assert request.num_computed_tokens == 40 and seq.samples_token, (
-        "the last chunk is what is left (8 tokens, under the budget) and it samples the first output token"
+    assert output.num_scheduled_tokens == {0: 16} and request.num_computed_tokens == 0, (
+        "the chunk is in the plan; it counts as computed only once the plan is applied, after planning"
     )
-
-
-@pytest.mark.ex2_2
-def test_a_running_prefill_that_gets_no_room_is_not_scheduled():
-    scheduler, manager = make(block_size=8)
-    request = prefilling(scheduler, manager, 0, prompt_len=40, computed=16)
-    calls = refuse_memory(scheduler)
-    assert scheduler._schedule_prefill_chunk(request, 16) is None, "no room: the chunk must not be scheduled"
-    assert calls == [(request.id, 16)], "room for a running request's chunk must come from self._allocate_or_preempt"
-    assert request.num_computed_tokens == 16, "a chunk that got no room must not advance the request"
+    assert len(manager.get_block_ids(request)) == 2, "only the chunk's blocks should be allocated"
 
 
 @pytest.mark.ex2_2
@@ -261,7 +233,9 @@ def test_failed_admission_changes_nothing():
     hold_blocks(manager, 12)
     request = Request(id=0, prompt_tokens=prompt(8), max_new_tokens=2)
     queue(scheduler, request)
-    assert scheduler._admit(request, 64) is None, "nothing fits, so the admission should fail (None)"
+    output = plan()
+    assert scheduler._admit(request, 64, output) is False, "nothing fits, so the admission should fail (False)"
+    assert not output, "a failed admission plans nothing"
     assert list(scheduler.waiting_queue) == [request] and not scheduler.active_pool, "the request should keep waiting"
     assert request.num_computed_tokens == 0, "a request that was not admitted has nothing computed"
     assert manager.get_num_free_blocks() == 1 and manager.get_block_ids(request) == [], (
@@ -275,7 +249,7 @@ def test_a_newcomer_preempts_nobody():
     running = decoding(scheduler, manager, 0, prompt_len=11, outputs=[5])  # 11 cached: 3 blocks
     newcomer = Request(id=1, prompt_tokens=prompt(8), max_new_tokens=2)
     queue(scheduler, newcomer)
-    assert scheduler._admit(newcomer, 64) is None, "a newcomer that does not fit should not be admitted"
+    assert scheduler._admit(newcomer, 64, plan()) is False, "a newcomer that does not fit should not be admitted"
     assert running.status is RequestStatus.RUNNING and len(manager.get_block_ids(running)) == 3, (
         "admitting a newcomer must never preempt a running request"
     )
@@ -300,13 +274,16 @@ def test_admission_uses_prefix_cache_hits():
     scheduler = StallFreeScheduler(64, 4, manager)
     request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=2)
     queue(scheduler, request)
-    seq = scheduler._admit(request, 64)
+    output = plan()
+    assert scheduler._admit(request, 64, output) is True
     assert manager.calls and manager.calls[0] == (12, 8), (
         "allocate_slots should be asked for the 12 tokens after the 8 cache hits, and told about the hits"
     )
-    assert seq is not None and seq.position_ids_start == 8, "the first chunk should start after the cached prefix"
+    [seq] = list(output)
+    assert seq.position_ids_start == 8, "the first chunk should start after the cached prefix"
     assert seq.tokens == request.prompt_tokens[8:], "only the tokens after the cached prefix should be fed"
-    assert request.num_computed_tokens == 20, "cached and newly scheduled tokens both count as computed"
+    assert request.num_computed_tokens == 8, "the cached prefix counts as computed at admission"
+    assert output.num_scheduled_tokens == {0: 12}, "the plan holds the 12 tokens to feed"
     assert len(manager.get_block_ids(request)) == 5, (
         "allocate_slots made room for more tokens than the request has: were the cache hits counted twice "
         "(already in request.num_computed_tokens when allocate_slots was called, and passed to it too)?"
@@ -355,25 +332,51 @@ def test_decodes_stay_within_the_token_budget_oldest_first():
 
 
 @pytest.mark.ex2_4
-def test_a_step_is_decodes_then_one_prefill_then_admissions():
+def test_a_step_is_decodes_then_one_prefill():
     scheduler, manager = make(block_size=8, token_budget=64)
     first = decoding(scheduler, manager, 0, prompt_len=6, outputs=[1])
     chunked = prefilling(scheduler, manager, 1, prompt_len=30, computed=8)
     other = prefilling(scheduler, manager, 2, prompt_len=30, computed=8)
     second = decoding(scheduler, manager, 3, prompt_len=6, outputs=[1])
-    newcomer = Request(id=4, prompt_tokens=prompt(10), max_new_tokens=2)
-    queue(scheduler, newcomer)
-    seen = admit_the_head_only(scheduler)
-    batch = scheduler.schedule_next_batch()
-    kinds = [(s.request_id, s.is_decode) for s in batch]
-    assert kinds == [(first.id, True), (second.id, True), (chunked.id, False), (newcomer.id, False)], (
-        f"expected the decodes (oldest first), then ONE prefill in progress (the oldest), then the admission; "
+    output = scheduler.schedule_next_batch()
+    assert isinstance(output, SchedulerOutput), "schedule_next_batch returns the step's SchedulerOutput"
+    kinds = [(s.request_id, s.is_decode) for s in output]
+    assert kinds == [(first.id, True), (second.id, True), (chunked.id, False)], (
+        f"expected the decodes (oldest first), then ONE prefill in progress (the oldest); "
         f"got (request id, is_decode) = {kinds}"
     )
     assert other.num_computed_tokens == 8, "only one prefill in progress may advance per step"
-    assert len(batch[2].tokens) == 22, "the prefill in progress should get all its remaining tokens (budget allows)"
-    assert seen == [3], (
-        "self._admit_waiting(batch) should be called once, last, with the batch of decodes and the one prefill"
+    assert len(output[2].tokens) == 22, "the prefill in progress should get all its remaining tokens (budget allows)"
+
+
+@pytest.mark.ex2_4
+def test_the_plan_is_applied_once_after_planning():
+    scheduler, manager = make(block_size=4, token_budget=64)
+    decoder = decoding(scheduler, manager, 0, prompt_len=6, outputs=[1])
+    chunked = prefilling(scheduler, manager, 1, prompt_len=30, computed=8)
+    output = scheduler.schedule_next_batch()
+    assert output.num_scheduled_tokens == {0: 1, 1: 22}, "the plan counts each request's tokens"
+    assert decoder.num_computed_tokens == 7 and chunked.num_computed_tokens == 30, (
+        "once planned, each request's num_computed_tokens has moved on by its planned tokens, exactly once"
+    )
+    assert output.block_ids == {0: manager.get_block_ids(decoder), 1: manager.get_block_ids(chunked)}, (
+        "the plan carries each planned request's block table for the executor"
+    )
+
+
+@pytest.mark.ex2_4
+def test_a_running_request_that_gets_no_room_is_not_planned():
+    scheduler, manager = make(block_size=8)
+    decoder = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])
+    chunked = prefilling(scheduler, manager, 1, prompt_len=40, computed=16)
+    calls = refuse_memory(scheduler)
+    output = scheduler.schedule_next_batch()
+    assert calls == [(0, 1), (1, 24)], (
+        "every running request's tokens go through self._schedule_running (decode: 1 token; the prefill in "
+        f"progress: what is left, within the budget); the calls were {calls}"
+    )
+    assert not output and decoder.num_computed_tokens == 8 and chunked.num_computed_tokens == 16, (
+        "a request that got no room is not planned and does not advance"
     )
 
 
@@ -388,7 +391,6 @@ def test_the_budget_and_the_batch_size_hold_across_the_passes():
     for i in range(3):
         decoding(scheduler, manager, i, prompt_len=5, outputs=[9])
     prefilling(scheduler, manager, 3, prompt_len=20, computed=0)
-    admit_the_head_only(scheduler)
     batch = scheduler.schedule_next_batch()
     assert [s.request_id for s in batch] == [0, 1], "a batch holds at most max_batch_size sequences"
 
@@ -406,21 +408,6 @@ def test_a_long_prompt_is_chunked_and_continued_step_after_step():
     assert starts == [0, 16, 32], "each step's chunk should start where the cached tokens end, and fill the budget"
     assert samples == [False, False, True], "only the chunk that completes the prompt samples a token"
     assert len(manager.get_block_ids(request)) == 5, "the prompt's 40 tokens need 5 blocks of 8"
-
-
-@pytest.mark.ex2_4
-def test_a_step_that_preempted_admits_nobody():
-    scheduler, manager = make()
-    running = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])
-    newcomer = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=2)
-    queue(scheduler, newcomer)
-    refuse_memory(scheduler, preempts=True)  # the decode preempts someone and still gets no room
-    batch = scheduler.schedule_next_batch()
-    assert batch == [], "the decode got no room, and a step that preempted must not admit anyone"
-    assert list(scheduler.waiting_queue) == [newcomer] and newcomer.status is RequestStatus.WAITING, (
-        "the memory freed by a preemption is for the running requests: the newcomer must keep waiting"
-    )
-    assert running.num_computed_tokens == 8, "the refused decode must not advance"
 
 
 # --------------------------------------------------------------------------------------- 2.5
@@ -494,7 +481,7 @@ def test_admission_stops_at_a_head_that_does_not_fit():
     small = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=4)  # needs 1 block now
     queue(scheduler, big, small)
     batch = scheduler.schedule_next_batch()
-    assert batch == [], "first come, first served: when the head does not fit, nobody behind it is admitted"
+    assert not batch, "first come, first served: when the head does not fit, nobody behind it is admitted"
     assert list(scheduler.waiting_queue) == [big, small], "both should keep waiting, in their order"
     assert big.status is RequestStatus.WAITING and small.status is RequestStatus.WAITING, "nobody was admitted"
     assert manager.get_num_free_blocks() == 3, "a step that admits nobody must not hold any new block"
@@ -521,6 +508,33 @@ def test_running_requests_count_against_the_batch_size():
     queue(scheduler, Request(id=3, prompt_tokens=prompt(3), max_new_tokens=2))
     scheduler.schedule_next_batch()
     assert len(scheduler.active_pool) <= 3, "admission must keep the running set within max_batch_size"
+
+
+@pytest.mark.ex2_6
+def test_admissions_come_after_the_running_requests():
+    scheduler, manager = make(block_size=8, token_budget=64)
+    decoding(scheduler, manager, 0, prompt_len=6, outputs=[1])
+    prefilling(scheduler, manager, 1, prompt_len=30, computed=8)
+    newcomer = Request(id=4, prompt_tokens=prompt(10), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    output = scheduler.schedule_next_batch()
+    assert [s.request_id for s in output] == [0, 1, 4], "admissions come last, after the decodes and the prefill"
+    assert output[2].tokens == newcomer.prompt_tokens and newcomer.status is RequestStatus.RUNNING
+
+
+@pytest.mark.ex2_6
+def test_a_step_that_preempted_admits_nobody():
+    scheduler, manager = make()
+    running = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])
+    newcomer = Request(id=1, prompt_tokens=prompt(3), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    refuse_memory(scheduler, preempts=True)  # the decode preempts someone and still gets no room
+    output = scheduler.schedule_next_batch()
+    assert not output, "the decode got no room, and a step that preempted must not admit anyone"
+    assert list(scheduler.waiting_queue) == [newcomer] and newcomer.status is RequestStatus.WAITING, (
+        "the memory freed by a preemption is for the running requests: the newcomer must keep waiting"
+    )
+    assert running.num_computed_tokens == 8, "the refused decode must not advance"
 
 
 def steady_stream_run(scheduler: StallFreeScheduler, arrival_steps: int = 150):
@@ -624,8 +638,13 @@ def test_a_decode_at_a_block_boundary_with_no_free_block_preempts_the_newest():
     scheduler, manager = make(num_blocks=4, block_size=4)
     older = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
     newer = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
-    seq = scheduler._schedule_decode(older)
-    assert seq is not None, "the older request's decode should get room by preempting the newer one"
+    output = plan()
+    assert scheduler._schedule_running(older, 1, output) is True, (
+        "the older request's decode should get room by preempting the newer one"
+    )
+    assert [s.request_id for s in output] == [older.id] and output.preempted_req_ids == [newer.id], (
+        "the plan holds the older request's decode and says who was preempted for it"
+    )
     assert newer.status is RequestStatus.PREEMPTED and scheduler.waiting_queue[0] is newer, (
         "the newer request should be preempted and wait at the head of the queue"
     )
@@ -638,9 +657,11 @@ def test_the_newest_request_steps_back_itself():
     older = decoding(scheduler, manager, 0, prompt_len=3, outputs=[5])  # 4 cached: 1 full block
     newest = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
     hold_blocks(manager, 4)  # the last block
-    assert scheduler._allocate_or_preempt(newest, 1) is False, (
+    output = plan()
+    assert scheduler._schedule_running(newest, 1, output) is False, (
         "with no block free, the newest request must step back itself (return False)"
     )
+    assert not output, "a request that stepped back is not planned"
     assert newest.status is RequestStatus.PREEMPTED and list(scheduler.waiting_queue) == [newest], (
         "it should be preempted and wait at the head of the queue"
     )
@@ -653,7 +674,7 @@ def test_the_newest_request_steps_back_itself():
 def test_preemption_stops_as_soon_as_it_fits():
     scheduler, manager, running, _ = three_running(num_blocks=7)  # 2 + 2 + 3 blocks held: none free
     assert manager.get_num_free_blocks() == 0, "(setup) the cache should be full"
-    assert scheduler._allocate_or_preempt(running[0], 2) is True, "the oldest request should get its block"
+    assert scheduler._schedule_running(running[0], 2, plan()) is True, "the oldest request should get its block"
     assert scheduler.num_preemptions == 1 and list(scheduler.active_pool) == [running[0].id, running[1].id], (
         "one victim (the newest) freed enough: nobody else should be preempted"
     )
@@ -665,7 +686,7 @@ def test_preemption_goes_on_until_it_fits():
     oldest = prefilling(scheduler, manager, 0, prompt_len=24, computed=4)  # 1 block
     middle = decoding(scheduler, manager, 1, prompt_len=7, outputs=[5])  # 7 cached: 2 blocks
     newest = decoding(scheduler, manager, 2, prompt_len=7, outputs=[5])  # 7 cached: 2 blocks
-    assert scheduler._allocate_or_preempt(oldest, 20) is True, (
+    assert scheduler._schedule_running(oldest, 20, plan()) is True, (
         "the oldest request's chunk should get its blocks: when one victim frees too little, preempt the next "
         "newest, and so on, until allocate_slots succeeds"
     )
@@ -683,7 +704,7 @@ def test_a_step_without_memory_preempts_and_the_newest_steps_back():
     hold_blocks(manager, 8)
     request = decoding(scheduler, manager, 0, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
     batch = scheduler.schedule_next_batch()
-    assert batch == [], "nothing can run while someone else holds the memory"
+    assert not batch, "nothing can run while someone else holds the memory"
     assert request.status is RequestStatus.PREEMPTED and list(scheduler.waiting_queue) == [request], (
         "the request should preempt itself rather than run without memory"
     )

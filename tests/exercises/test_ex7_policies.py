@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
+from kvcourse.contract import MockKVCacheManager
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy import run, toy_generate, toy_requests

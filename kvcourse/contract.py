@@ -1,19 +1,27 @@
 """The scheduler-cache contract: the handle, the protocols, and a mock manager that only counts blocks.
 
 The scheduler decides *which* requests run (policy); a KV-cache manager decides *where* their keys
-and values live (mechanism). They talk through the few methods of `KVCacheManagerProtocol`, so the
+and values live (mechanism). They talk through the few methods of `KVCacheManagerProtocol` (the one
+statement of the contract: the scheduler checks a manager against it with isinstance), so the
 scheduler runs unchanged over `MockKVCacheManager` (notebook 02) and the paged `KVCacheManager`
 (notebook 03). The engine loop (`kvcourse.engine.EngineCore`) drives any `SchedulerProtocol` with
 any `ExecutorProtocol`: the toy model of notebooks 01-04 or GPT-2's `ModelRunner`.
+
+(vLLM's file `kv_cache_interface.py` is something else: the per-layer KV cache specs, KVCacheSpec.)
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from kvcourse.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from kvcourse.sched_output import SchedulerOutput
+
+T = TypeVar("T")
 
 
 def _block_id(block: Any) -> int:
@@ -70,7 +78,11 @@ class KVCacheManagerProtocol(Protocol):
         ...
 
     def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
-        """Whether `allocate_slots(request, num_new_tokens)` would succeed now."""
+        """Whether `allocate_slots(request, num_new_tokens)` would succeed now, changing nothing.
+
+        The source lesson's optional question. The scheduler does not ask it: it calls allocate_slots,
+        which answers the same question and takes the blocks in one go (None: too few), as vLLM v1's does.
+        """
         ...
 
     def allocate_slots(
@@ -93,6 +105,14 @@ class KVCacheManagerProtocol(Protocol):
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """Prefix-cache hits for a waiting request: the blocks and how many tokens they hold."""
+        ...
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write (src, dst) block pairs planned since the last call (the step's blocks_to_copy)."""
+        ...
+
+    def forget_unwritten_blocks(self) -> None:
+        """After a failed step: no prefix hit may read a block whose K/V that step never wrote."""
         ...
 
     @property
@@ -129,11 +149,11 @@ class SchedulerProtocol(Protocol):
         """Queue a request (or settle it at once: rejected, or nothing to generate)."""
         ...
 
-    def schedule_next_batch(self) -> list[Any]:
+    def schedule_next_batch(self) -> SchedulerOutput:
         """Plan one step: the sequences to run, each with memory secured."""
         ...
 
-    def update_from_output(self, batch: list[Any], sampled_token_ids: dict[int, int]) -> list[Request]:
+    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[int, int]) -> list[Request]:
         """Append the sampled tokens; return the requests this update finished."""
         ...
 
@@ -151,16 +171,29 @@ class SchedulerProtocol(Protocol):
 class ExecutorProtocol(Protocol):
     """Runs a batch: writes its tokens' K/V and samples one token where a sequence asks for it."""
 
-    def execute(
-        self, batch: Sequence[ScheduledSequenceProtocol], block_tables: dict[int, list[int]] | None
-    ) -> dict[int, int]:
-        """{request id: sampled token} for every sequence with samples_token."""
+    def execute(self, scheduler_output: SchedulerOutput) -> dict[int, int]:
+        """Apply the plan's block copies, run its sequences; {request id: sampled token} where samples_token."""
         ...
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """ceil(num_tokens / block_size): the blocks that hold num_tokens tokens (a partial block counts)."""
+    """ceil(num_tokens / block_size): the blocks that hold num_tokens tokens (a partial block counts).
+
+    The course's one ceiling division (vLLM's `cdiv`): every block count goes through it.
+    """
     return -(-num_tokens // block_size)
+
+
+def check_implements(obj: T, protocol: type, name: str) -> T:
+    """`obj` if isinstance(obj, protocol) (a runtime-checkable Protocol), else a TypeError naming what it lacks."""
+    if isinstance(obj, protocol):
+        return obj
+    wanted = [n for n in [*protocol.__annotations__, *vars(protocol)] if not n.startswith("_")]
+    missing = sorted({n for n in wanted if not hasattr(obj, n)})
+    raise TypeError(
+        f"{name} {obj!r} lacks {', '.join(missing)} of {protocol.__name__}: pass a MockKVCacheManager or a "
+        "KVCacheManager."
+    )
 
 
 def _is_whole_number(value: object) -> bool:
@@ -249,6 +282,13 @@ class MockKVCacheManager:
         if needed:
             self._log(f"Allocated {needed} blocks for Req {request.id}. Free blocks: {self._num_free}")
         return KVCacheBlocks(new_ids)
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The mock never shares a block, so there is nothing to copy."""
+        return []
+
+    def forget_unwritten_blocks(self) -> None:
+        """The mock caches no prefixes: nothing to forget."""
 
     def free(self, request: Request) -> None:
         """Give the request's blocks back; freeing an unknown (or already freed) request does nothing."""
