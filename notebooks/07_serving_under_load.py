@@ -262,8 +262,8 @@ for row in marks:
 # %% [markdown]
 # Recomputed tokens are work done twice (every token fed, minus each request's prompt and outputs
 # fed once). A small watermark removes most preemptions and steadies TPOT; a large one keeps blocks
-# idle, so requests wait longer to start. vLLM v1 leaves its watermark off by default because its
-# admission is already conservative in another way: with `scheduler_reserve_full_isl` (on by default,
+# idle, so requests wait longer to start. vLLM v1 leaves its watermark off by default; its admission is
+# already conservative in another way: with `scheduler_reserve_full_isl` (on by default,
 # `vllm/config/scheduler.py` · `SchedulerConfig.scheduler_reserve_full_isl`) it admits a request only
 # when blocks for its **whole prompt** are free (after prefix-cache hits), not just for the first chunk,
 # as ours does. A chunked prompt is then much less likely to stall halfway for want of memory. (The metric

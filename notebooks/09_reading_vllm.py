@@ -14,8 +14,8 @@
 # README names it; the last cell prints it), written from the package root, `vllm/...`. Read them in a
 # clone of [vllm-project/vllm](https://github.com/vllm-project/vllm) at that release's tag, in an
 # installed copy (`python -c "import vllm, os; print(os.path.dirname(vllm.__file__))"`), or without
-# installing anything: `pip download vllm==VERSION --no-deps -d wheels/` fetches the wheel (a zip, some
-# 300 MB) and `unzip wheels/vllm-*.whl 'vllm/*.py'` gives you its Python files. The CUDA kernels
+# installing anything: `pip download vllm==VERSION --no-deps -d wheels/` fetches the wheel (a zip, about
+# 340 MB) and `unzip wheels/vllm-*.whl 'vllm/*.py'` gives you its Python files. The CUDA kernels
 # (`csrc/` in the repository) are not in the wheel as source.
 #
 # | you built (notebook · `kvcourse/`) | open in vLLM |
@@ -31,7 +31,7 @@
 # | the cache write (05) · `attention.py` | `vllm/_custom_ops.py` · `reshape_and_cache_flash` |
 # | paged attention and its kernel (05) · `attention.py` | `vllm/v1/attention/backends/triton_attn.py` · `TritonAttentionImpl`; `vllm/v1/attention/ops/triton_unified_attention.py` · `unified_attention` |
 # | the model runner (05) · `model_runner.py` | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner` |
-# | KV bytes per token and what fits (00, 2.9) · `memory.py` | `vllm/v1/core/kv_cache_planning.py` · `get_kv_cache_configs`, `check_enough_kv_cache_memory` |
+# | KV bytes per token, what fits, what never fits (00, 2.9) · `memory.py`, `scheduler.py` | `vllm/v1/core/kv_cache_planning.py` · `get_kv_cache_configs`, `check_enough_kv_cache_memory` |
 # | the server (08) · `serve/` | `vllm/entrypoints/openai/completion/serving.py` · `OpenAIServingCompletion`; `vllm/v1/engine/async_llm.py` · `AsyncLLM` |
 
 # %%
@@ -140,7 +140,7 @@ from kvcourse import answer
 # (`SingleTypeKVCacheManager._apply_cow`), and the copies reach the worker through
 # `KVCacheManager.take_kv_cache_block_copies`: your exercises 4.5 and 4.6 and your `take_pending_copies`.
 # Parallel sampling, by contrast, shares the prompt through the prefix cache (`ParentRequest` in
-# `vllm/v1/engine/parallel_sampling.py`) and copies nothing.
+# `vllm/v1/engine/parallel_sampling.py`) and, in a model with attention layers only, copies nothing.
 
 # %% [markdown]
 # ## 7. The scheduler: one order, no phases (notebooks 02 and 07)
