@@ -7,20 +7,23 @@ vLLM's order (vllm/v1/sample/sampler.py), for every sequence of the batch at onc
     greedy rows: argmax                                temperature 0
     random rows: logits / temperature -> top-k and top-p masks -> softmax -> one draw per row
 
-The draw is the exponential trick vLLM uses: argmax(probs / q) with q ~ Exp(1) is a sample from probs.
-Each request draws its q from its own `torch.Generator`, seeded from `seed` when given: the same seed
-gives the same tokens whatever else shares the batch. The engine's default is greedy (GREEDY), so its
-output still equals Hugging Face's `generate(do_sample=False)`; the server, like OpenAI's API, samples at
-temperature 1 when the client says nothing.
+Each row's draw takes one uniform number from its request's own `torch.Generator`, seeded from `seed`
+when given: the same seed gives the same tokens whatever else shares the batch. (vLLM draws V
+exponentials per row and takes argmax(probs / q); `random_sample` says why this one differs.)
+The engine's default is greedy (GREEDY), so its output still equals Hugging Face's
+`generate(do_sample=False)`; the server, like OpenAI's API, samples at temperature 1 when the client
+says nothing.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 SAMPLING_EPS = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
@@ -130,52 +133,66 @@ def apply_penalties(
     logits: torch.Tensor,
     prompt_ids: list[list[int]],
     output_ids: list[list[int]],
-    presence: torch.Tensor,
-    frequency: torch.Tensor,
-    repetition: torch.Tensor,
+    presence: Sequence[float],
+    frequency: Sequence[float],
+    repetition: Sequence[float],
 ) -> torch.Tensor:
-    """vLLM's penalties on [B, V] logits: repetition on prompt and output tokens, presence/frequency on output."""
-    batch, vocab = logits.shape
-    counts = _token_counts(output_ids, batch, vocab, logits.device)
-    seen = _token_counts(prompt_ids, batch, vocab, logits.device) > 0
-    seen |= counts > 0
-    rep = repetition.unsqueeze(1)
-    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
-    return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0)
+    """vLLM's penalties on [B, V] logits: repetition on prompt and output tokens, then presence/frequency on output.
 
-
-def _token_counts(rows: list[list[int]], batch: int, vocab: int, device: torch.device) -> torch.Tensor:
-    """[B, V] float: how often each token occurs in each row."""
-    counts = torch.zeros(batch, vocab + 1, device=device)  # column `vocab` takes the padding
-    width = max((len(r) for r in rows), default=0)
-    if width:
-        ids = torch.tensor([r + [vocab] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
-        counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=counts.dtype))
-    return counts[:, :vocab]
+    Only the tokens a row has seen change, so each row touches those columns alone (no [B, V] count table).
+    """
+    logits = logits.clone()
+    for row in range(logits.shape[0]):
+        rep = float(repetition[row])
+        if rep != 1:
+            seen = torch.tensor(sorted(set(prompt_ids[row]) | set(output_ids[row])), device=logits.device)
+            values = logits[row, seen]
+            logits[row, seen] = torch.where(values > 0, values / rep, values * rep)
+        if output_ids[row]:
+            ids, counts = torch.tensor(output_ids[row], device=logits.device).unique(return_counts=True)
+            logits[row, ids] -= float(frequency[row]) * counts + float(presence[row])
+    return logits
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Mask (-inf) what top-k and top-p leave out, per row; top_k [B] holds V for "all" (vLLM's sort-based way)."""
-    if top_k is None and top_p is None:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    if top_k is not None:
-        kth = sorted_logits.gather(1, (logits.shape[1] - top_k.long()).clamp(0, logits.shape[1] - 1).unsqueeze(1))
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, -math.inf)
-    if top_p is not None:
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= 1 - top_p.unsqueeze(1)
-        drop[:, -1] = False  # the most likely token always stays
-        sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    """Mask (-inf) what top-k, then top-p, leave out, per row; top_k [B] holds V (and top_p 1) for "all".
+
+    vLLM's rule: top-k keeps the k largest logits (ties with the k-th too); top-p then keeps the most
+    likely tokens, in order, while the probability before each is below p (the most likely always stays).
+    """
+    vocab = logits.shape[1]
+    if top_k is not None and bool((top_k < vocab).any()):
+        kth = logits.topk(int(top_k.max()), dim=-1).values.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])
+        logits = logits.masked_fill((logits < kth) & (top_k < vocab)[:, None], -math.inf)
+    if top_p is not None and bool((top_p < 1).any()):
+        probs = logits.softmax(dim=-1)
+        descending = _sort_descending(probs)
+        before = descending.cumsum(dim=-1) - descending  # probability of the tokens ahead of each one
+        last_kept = ((before < top_p[:, None]).sum(dim=-1) - 1).clamp(min=0)
+        threshold = descending.gather(1, last_kept[:, None])
+        logits = logits.masked_fill(probs < threshold, -math.inf)
+    return logits
+
+
+def _sort_descending(values: torch.Tensor) -> torch.Tensor:
+    """Each row's values, largest first (on a CPU through numpy's sort, several times faster than torch's there)."""
+    if values.device.type == "cpu":
+        return torch.from_numpy(np.ascontiguousarray(np.sort(values.numpy(), axis=-1)[:, ::-1]))
+    return values.sort(dim=-1, descending=True).values
 
 
 def random_sample(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row: argmax(probs / q), q ~ Exp(1) drawn from each row's own generator."""
-    q = torch.empty_like(probs)
-    for row, generator in enumerate(generators):
-        q[row].exponential_(generator=generator)
-    return probs.div(q).argmax(dim=-1)
+    """One token per row, drawn from its probabilities with one uniform number from the row's own generator.
+
+    Inverse-CDF sampling (what torch.multinomial does): the first token whose cumulative probability
+    passes u. vLLM draws V exponentials per row instead (argmax(probs / q), no host sync on a GPU); on a
+    CPU the V logarithms cost more than the whole rest of the step, and one number per token keeps each
+    request's stream just as independent of the batch.
+    """
+    cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
+    targets = (u * cumulative[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cumulative, targets, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
 # ---------------------------------------------------------------------------------- per-request state
@@ -226,10 +243,13 @@ class Sampler:
         want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
         logits = self._penalized(logits, states, params)
-        tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
-        if rows:
-            tokens[rows] = self._sample_rows(logits[rows], [states[i] for i in rows])
+        if len(rows) == len(params):  # every row samples: no argmax, no copies of row subsets
+            tokens = self._sample_rows(logits, states)
+        else:
+            tokens = logits.argmax(dim=-1)
+            if rows:
+                tokens[rows] = self._sample_rows(logits[rows], [states[i] for i in rows])
         token_list = tokens.tolist()
         if raw_logprobs is not None:
             self._record_logprobs(raw_logprobs, [(states[i], token_list[i]) for i in want_logprobs])
@@ -247,8 +267,8 @@ class Sampler:
         if not rows:
             return logits
 
-        def column(name: str) -> torch.Tensor:
-            return torch.tensor([getattr(params[i], name) for i in rows], device=logits.device)
+        def column(name: str) -> list[float]:
+            return [getattr(params[i], name) for i in rows]
 
         logits = logits.clone()
         logits[rows] = apply_penalties(

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvcourse.kv_cache_interface import blocks_needed
+from kvcourse.contract import blocks_needed
 from kvcourse.serve.blocks import snapshot_to_json, take_snapshot
 from kvcourse.serve.detokenize import decode
 from kvcourse.serve.loop import EngineLoop, RequestStream
@@ -75,7 +75,9 @@ def create_app(
 
     @app.exception_handler(ServeError)
     async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        # A body refused unread leaves the connection unusable: close it, so the rest is never read.
+        headers = {"connection": "close"} if exc.status == 413 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(raw: Request, exc: StarletteHTTPException) -> JSONResponse:
