@@ -158,6 +158,8 @@ def paged_attention_forward(
     backend: str = "reference",
     fast_metadata: FastAttentionMetadata | None = None,
     attention_timer: AttentionTimer | None = None,
+    cache: PagedKVCache | None = None,
+    slot_mapping: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
     """GPT-2's attention over the paged cache: decode-only steps take the decode kernel, mixed ones the varlen form.
@@ -165,7 +167,11 @@ def paged_attention_forward(
     query is [1, H, T, D]; key and value are the layer's paged storage (what PagedCacheLayer.update
     returned). Returns [1, T, H, D], as transformers expects. The fast backend reads the step's
     FastAttentionMetadata (built once per step by the runner; here when it did not).
+    Before transformers 5.24, GPT-2 knew no `cache` argument: `cache` then arrives here as a plain
+    keyword, key and value are this step's own, and this function writes them into the paged storage.
     """
+    if isinstance(cache, PagedKVCache):  # transformers < 5.24: GPT-2 did not call our update(); do it here
+        key, value = cache.layers[module.layer_idx].update(key, value, kwargs={"slot_mapping": slot_mapping})
     if key.dim() != 4 or block_tables is None or seq_lens is None or query_start_loc is None:
         raise ValueError(
             "the kvcourse_paged attention needs the PagedKVCache and the forward keywords block_tables, "

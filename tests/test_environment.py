@@ -49,3 +49,43 @@ def test_repo2docker_builds_the_course():
     minimum = re.search(r">=\s*(\d+\.\d+)", _project()["requires-python"])[1]
     conda_python = re.search(r"- python=(\d+\.\d+)", (ROOT / "environment.yml").read_text())[1]
     assert tuple(map(int, conda_python.split("."))) >= tuple(map(int, minimum.split(".")))
+
+
+def _floor_lock() -> dict[str, str]:
+    lines = (ROOT / "requirements" / "floor.lock").read_text().splitlines()
+    pins = [line.split("==") for line in lines if "==" in line and not line.startswith("#")]
+    return {re.sub(r"[-_.]+", "-", name).lower(): pin.strip() for name, pin in pins}
+
+
+def _floors() -> dict[str, str]:
+    """Each dependency's lowest version as pyproject.toml states it (`name>=X`)."""
+    floors = {}
+    for requirement in _project()["dependencies"]:
+        found = re.match(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)", requirement)
+        if found:
+            floors[re.sub(r"[-_.]+", "-", found[1]).lower()] = found[2]
+    return floors
+
+
+def _padded(v: str) -> tuple[int, ...]:
+    parts = tuple(int(x) for x in v.split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+def test_the_floor_lock_installs_pyprojects_floors():
+    """The floor job installs each floor pyproject.toml states (torch apart: its floor is checked by reading)."""
+    lock, floors = _floor_lock(), _floors()
+    tested = {name for name in floors if name in lock and name != "torch"}
+    assert {"transformers", "tokenizers", "triton", "numpy", "pytest", "hypothesis"} <= tested
+    wrong = {name: (floors[name], lock[name]) for name in tested if _padded(floors[name]) != _padded(lock[name])}
+    assert not wrong, f"pyproject.toml's floor differs from what requirements/floor.lock installs: {wrong}"
+    assert _padded(lock["torch"]) >= _padded(floors["torch"]), "floor.lock's torch is below pyproject's floor"
+    readme = (ROOT / "requirements" / "README.md").read_text()
+    assert f"torch>={floors['torch']}" in readme, "requirements/README.md must say how the torch floor was checked"
+
+
+def test_ci_runs_the_floor_job_before_the_suite():
+    """.ci/run makes the floor environment and the GPU kit before `./course test` (tests/test_gpu_kit.py needs them)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "scripts/floor_check.sh" in ci and ci.index("scripts/floor_check.sh") < ci.index("./course test")
+    assert {".venv-floor/", "gpu_wheels/"} <= set((ROOT / ".gitignore").read_text().split())

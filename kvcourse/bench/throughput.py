@@ -28,15 +28,23 @@ attention, sample, update, and whatever else the step loop cost, as seconds and 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 
-from kvcourse.bench.common import device_name, emit, not_written, parse_args, progress, run_reference, whose_code
+from kvcourse.bench.common import (
+    device_name,
+    emit,
+    not_written,
+    parse_args,
+    pinned_threads,
+    progress,
+    run_reference,
+    whose_code,
+)
 
 
 @dataclass(frozen=True)
@@ -129,8 +137,10 @@ def hf_continuous(model, work: Workload, s: Settings) -> list[list[int]]:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     config = GenerationConfig(do_sample=False, max_new_tokens=max(work.output_lens), eos_token_id=None, pad_token_id=0)
+    names = {f.name for f in fields(ContinuousBatchingConfig)}
+    page = "page_size" if "page_size" in names else "block_size"  # transformers before 5.24 called it block_size
     cb = ContinuousBatchingConfig(
-        page_size=s.block_size,
+        **{page: s.block_size},
         num_blocks=num_blocks_for(s, s.block_size),
         max_batch_tokens=s.token_budget,
         max_requests_per_batch=s.max_batch_size,
@@ -184,10 +194,12 @@ def kvcourse_engine(
     """Our LLMEngine on the workload; a fresh engine per run, from an empty cache (weights packed once, in the warm-up).
 
     After each run, `run_engine.breakdown` holds that run's step_breakdown (synchronize: on a GPU,
-    wait for the kernels at each timing point, which costs speed: for a dedicated breakdown run).
+    wait for the kernels at each timing point, which costs speed: for a dedicated breakdown run) and
+    `run_engine.steps` the shape of each of its forward passes (for the roofline bound).
     """
 
     def run_engine(model, work: Workload, s: Settings) -> list[list[int]]:
+        from kvcourse.bench.roofline import recording_steps
         from kvcourse.engine import LLMEngine
 
         size = block_size or s.block_size
@@ -204,9 +216,11 @@ def kvcourse_engine(
         # generate() takes one max_new_tokens for all: queue each request with its own, then step.
         requests = [engine.add_request(list(p), n) for p, n in zip(work.prompts, work.output_lens)]
         start = time.perf_counter()
-        while engine.scheduler.has_unfinished_requests():
-            engine.step()
+        with recording_steps(model) as steps:
+            while engine.scheduler.has_unfinished_requests():
+                engine.step()
         run_engine.breakdown = step_breakdown(engine, time.perf_counter() - start)
+        run_engine.steps = steps
         return [list(r.output_tokens) for r in requests]
 
     return run_engine
@@ -274,20 +288,6 @@ def agreement(outputs: dict[str, list[list[int]]], reference: str = "hf_continuo
     }
 
 
-@contextlib.contextmanager
-def pinned_threads(threads: int | None, quick: bool, cuda: bool) -> Iterator[None]:
-    """--quick on a CPU uses one thread (on a shared machine a second one mostly waits for a core); restored after."""
-    import torch
-
-    before = torch.get_num_threads()
-    if threads or (quick and not cuda):
-        torch.set_num_threads(threads or 1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def run(
     quick: bool = True,
     *,
@@ -304,6 +304,7 @@ def run(
     import torch
 
     from kvcourse.backends.packed import can_pack
+    from kvcourse.bench import roofline
     from kvcourse.models import load_gpt2
 
     cuda = torch.cuda.is_available()
@@ -319,8 +320,13 @@ def run(
         seconds, outputs, breakdowns = measure(fns, model, work, s, cuda)
         if cuda:  # the timed rounds do not wait for the GPU at each timing point: one synchronized run each
             breakdowns = synchronized_breakdowns(model, work, s, [n for n in systems(cuda) if n in breakdowns])
+        steps = {
+            name: fn.steps for name, fn in fns.items() if name in systems(cuda, packs=True) and hasattr(fn, "steps")
+        }
+        roof = roofline.summary(steps, seconds, model, cuda)  # this machine's limits, measured now, in this run
         device = device_name()
     return summarize(s, work, seconds, outputs, cuda, sweep, seed, breakdowns) | {
+        "roofline": roof,
         "device": device,
         "pretrained": bool(getattr(model, "is_pretrained", False)),
         "code": whose_code("scheduler", "kv_cache", "attention", "model_runner"),
@@ -386,16 +392,43 @@ def print_table(result: dict) -> None:
         f"({'pretrained' if result['pretrained'] else 'seeded random weights'}), {w['requests']} requests, "
         f"{w['prompt_tokens']} prompt + {w['useful_output_tokens']} output tokens, batch {st['max_batch_size']}"
     )
-    print(f"{'system':<22} {'tokens/s':>9} {'x hf_static':>11}")
-    for name in ordered(result["tokens_per_s"]):
-        print(f"{name:<22} {result['tokens_per_s'][name]:>9.1f} {result['ratio_to_hf_static'][name]:>11.2f}")
+    over = (result.get("roofline") or {}).get("time_over_bound", {})
+    tps = result["tokens_per_s"]
+    print(f"{'system':<22} {'tokens/s':>9} {'x hf_static':>11} {'x hf_continuous':>15} {'time / bound':>12}")
+    for name in ordered(tps):
+        bound = f"{over[name]:>11.2f}x" if name in over else f"{'-':>12}"
+        print(
+            f"{name:<22} {tps[name]:>9.1f} {result['ratio_to_hf_static'][name]:>11.2f} "
+            f"{tps[name] / tps['hf_continuous']:>15.2f} {bound}"
+        )
     sweep = result["block_size_sweep"]["tokens_per_s"]
     if sweep:
         sweep = ", ".join(f"{b}: {sweep[str(b)]:.1f}" for b in sorted(map(int, sweep)))
         print(f"kvcourse tokens/s by block size: {sweep}")
     if "kvcourse_triton" not in result["tokens_per_s"]:
         print("kvcourse_triton: skipped, the Triton kernel needs CUDA.")
+    print_roofline(result)
     print_breakdown(result)
+
+
+def print_roofline(result: dict) -> None:
+    """This machine's limits, measured in the run, and kvcourse's time against the least its steps could take."""
+    roof = result.get("roofline")
+    if not roof or "kvcourse" not in roof["bound"]:
+        return
+    rates = roof["matmul_flops_per_s"]
+    bound, took = roof["bound"]["kvcourse"], result["seconds"]["kvcourse"]
+    print(
+        f"roofline, measured in this run: copy bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; "
+        f"matrix products at {roof['matmul_rows']} rows {min(rates.values()) / 1e9:.0f}-{max(rates.values()) / 1e9:.0f} "
+        f"GFLOP/s over {len(rates)} weight shapes"
+    )
+    print(
+        f"kvcourse's {bound['steps']} steps read {roof['weight_bytes_per_step'] / 1e6:.0f} MB of weights each (plus KV): "
+        f"at least {bound['seconds']:.2f} s ({bound['memory_bound_steps']} steps bound by memory, the rest by arithmetic); "
+        f"it took {took:.2f} s = {roof['time_over_bound']['kvcourse']:.2f}x the bound "
+        f"({1 / roof['time_over_bound']['kvcourse']:.0%} of the roofline)"
+    )
 
 
 def print_breakdown(result: dict) -> None:

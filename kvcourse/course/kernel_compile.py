@@ -360,7 +360,7 @@ def _first_assignment(fn, name: str) -> str:
     """' (It is first set at line N: `name = ...`.)' for a variable of the kernel, or ''."""
     for number, text in enumerate(fn.src.splitlines()):
         if re.match(rf"\s*{re.escape(name)}\s*=[^=]", text):
-            return f" (It is first set at line {fn.def_file_line_number + number}: `{text.strip()}`.)"
+            return f" (It is first set at line {_def_line(fn) + number}: `{text.strip()}`.)"
     return ""
 
 
@@ -391,8 +391,17 @@ def _kernel_line(error: BaseException, fn) -> tuple[str, str]:
     if not isinstance(node, ast.AST) or getattr(node, "lineno", None) is None or getattr(error, "src", None) != fn.src:
         return "", ""
     path = Path(inspect.getsourcefile(fn.fn) or "kernel.py")
-    line = fn.def_file_line_number + node.lineno - 1
+    line = _def_line(fn) + node.lineno - 1
     return f"{path.parent.name}/{path.name}, line {line}", fn.src.splitlines()[node.lineno - 1]
+
+
+def _def_line(fn) -> int:
+    """The file line of the kernel's `def` (newer Triton records it; 3.5 and 3.6 only where its decorators start)."""
+    line = getattr(fn, "def_file_line_number", None)
+    if line is not None:
+        return line
+    offset = next((i for i, text in enumerate(fn.raw_src) if text.strip().startswith("def ")), 0)
+    return fn.starting_line_number + offset
 
 
 def _nvidia_tool(name: str) -> str:
@@ -407,9 +416,11 @@ def _nvidia_tool(name: str) -> str:
 
 def _ptxas(arch: int) -> str:
     """The ptxas Triton itself uses for this target (the wheel ships one per CUDA generation)."""
+    import inspect
+
     from triton.backends.nvidia.compiler import get_ptxas
 
-    return get_ptxas(arch).path
+    return (get_ptxas(arch) if inspect.signature(get_ptxas).parameters else get_ptxas()).path  # Triton 3.5: no arch
 
 
 def _sm_name(arch: int) -> str:
