@@ -1,9 +1,9 @@
 """Grade the learner's exercises: run the graded tests and print a scoreboard.
 
-    python -m kvcourse.grade               # your code in kvcourse/
-    python -m kvcourse.grade --solutions   # the reference in solutions/
-    python -m kvcourse.grade 2.1 2.2       # only some exercises
-    python -m kvcourse.grade --json        # last line: one JSON object (used by check())
+    python -m kvcourse grade               # your code in kvcourse/
+    python -m kvcourse grade --solutions   # the reference in solutions/
+    python -m kvcourse grade 2.1 2.2       # only some exercises
+    python -m kvcourse grade --json        # last line: one JSON object (used by check())
 
 Exit code 0 only when every selected exercise passes.
 """
@@ -94,11 +94,15 @@ class _Collector:
 
     def pytest_collectreport(self, report) -> None:
         """A test file that cannot even be imported (a syntax error in kvcourse/, say) is kept, in words."""
+        name = Path(str(report.fspath)).name
         if report.failed:
-            name = Path(str(report.fspath)).name
             self.import_errors[name] = _import_error_message(str(report.longrepr))
-            if self.emit:
-                self.emit({"collect_error": name, "message": self.import_errors[name]})
+        elif report.skipped and name.startswith("test_"):
+            self.import_errors[name] = (
+                "the tests were skipped while importing the code under test; a skip counts as a failure."
+            )
+        if self.emit and name in self.import_errors:
+            self.emit({"collect_error": name, "message": self.import_errors[name]})
 
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
@@ -120,11 +124,11 @@ class _Collector:
         if outcome is None:
             return
         if report.skipped:
-            from _pytest.skipping import skipped_by_mark_key
+            from _pytest.skipping import evaluate_skip_marks
 
             reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
             outcome.passed, outcome.skipped = False, True
-            outcome.excused = bool(item.stash.get(skipped_by_mark_key, False)) and report.when == "setup"
+            outcome.excused = report.when == "setup" and evaluate_skip_marks(item) is not None  # its own marker
             if outcome.excused:
                 outcome.message = reason.removeprefix("Skipped: ")
             else:
@@ -250,7 +254,7 @@ def questions_scoreboard() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: print the scoreboard (or JSON) and exit 0 only if all pass."""
-    parser = argparse.ArgumentParser(prog="python -m kvcourse.grade", description="Grade the course exercises.")
+    parser = argparse.ArgumentParser(prog="python -m kvcourse grade", description="Grade the course exercises.")
     parser.add_argument("exercises", nargs="*", help="exercise ids such as 2.1 (default: all)")
     parser.add_argument(
         "--solutions", action="store_true", help="grade the reference in solutions/ (KVCOURSE_SOLUTIONS is ignored)"

@@ -70,8 +70,10 @@ export HF_HUB_OFFLINE=1
 mkdir -p "$AUTOGRADER/results"
 rm -f "$RESULTS"
 # The grader bounds its own run (KVCOURSE_GRADE_TIMEOUT_S, 540 s by default); this bounds the grader.
+# KVCOURSE_EXERCISES (ids separated by spaces) grades only some exercises: the tests' shortcut.
 timeout --kill-after=30 "${KVCOURSE_AUTOGRADER_TIMEOUT_S:-620}" \\
-    python3 -m kvcourse.course.gradescope grade "$AUTOGRADER/submission" --out "$RESULTS"
+    python3 -m kvcourse.course.gradescope grade "$AUTOGRADER/submission" --out "$RESULTS" \\
+    ${KVCOURSE_EXERCISES:+--exercises $KVCOURSE_EXERCISES}
 status=$?
 if [ ! -s "$RESULTS" ]; then
     printf '{"score": 0.0, "output": "The grader failed (exit code %s) before it wrote any result, not your code. Tell your instructor.", "tests": []}\\n' "$status" > "$RESULTS"
@@ -177,14 +179,14 @@ def _tracked(root: Path = ROOT) -> list[str]:
         ).stdout.decode()
     except (OSError, subprocess.SubprocessError) as error:
         raise ValueError(f"build needs a git clone of the course (git ls-files failed: {error}).") from error
-    names = []
-    for name in listed.split("\0"):
-        parts = name.split("/")
-        if not name or "__pycache__" in parts or ".ipynb_checkpoints" in parts or name.endswith(NEVER_SHIPPED):
-            continue
-        if (root / name).is_file() and not (root / name).is_symlink():
-            names.append(name)
-    return sorted(names)
+    names = [n for n in listed.split("\0") if n and _shippable(n)]
+    return sorted(n for n in names if (root / n).is_file() and not (root / n).is_symlink())
+
+
+def _shippable(name: str) -> bool:
+    """Not a cache, a JupyterLab checkpoint or an editor/merge leftover (scheduler.py.orig)."""
+    parts = name.split("/")
+    return not ({"__pycache__", ".ipynb_checkpoints"} & set(parts) or name.endswith(NEVER_SHIPPED))
 
 
 def _solution_bodies() -> list[str]:
@@ -290,11 +292,18 @@ def materialize(dest: Path) -> None:
 
 
 def grade_submission(
-    submission: Path, out: Path, exercise_ids: list[str] | None = None, limits=None, log=print
+    submission: Path,
+    out: Path,
+    exercise_ids: list[str] | None = None,
+    limits=None,
+    log=print,
+    static: bool = True,
+    guards: bool = True,
 ) -> dict:
     """Grade the submission in a scratch copy of the course, in sandboxed children; write results.json to `out`.
 
     Raises GraderBroken (after writing a fallback results.json) only when the grader itself failed.
+    `static=False` / `guards=False` switch a defence off, for the tests that prove the others hold alone.
     """
     from kvcourse.course.sandbox import grade_course
     from kvcourse.course.static_check import check_source, explain, load_policy
@@ -310,7 +319,7 @@ def grade_submission(
         policy = load_policy(course)
         refused, accepted = {}, {}
         for module, text in sorted(found.items()):
-            refusals = check_source(text, f"kvcourse/{module}.py", policy, f"kvcourse.{module}")
+            refusals = check_source(text, f"kvcourse/{module}.py", policy, f"kvcourse.{module}") if static else []
             if refusals:
                 refused[module] = explain(refusals)
             else:
@@ -320,7 +329,7 @@ def grade_submission(
             log(f"ignored {note}")
         for module, message in refused.items():
             log(f"refused kvcourse/{module}.py: {message}")
-        results, isolation = grade_course(course, exercises, stubs, accepted, limits, refused, log=log)
+        results, isolation = grade_course(course, exercises, stubs, accepted, limits, refused, log=log, guards=guards)
         notes = [f"Graded: {', '.join(f'kvcourse/{m}.py' for m in sorted(found)) or 'no exercise module'}"
                  " (every module not submitted is graded as its stub)."]  # fmt: skip
         notes += [f"Ignored: {note}." for note in ignored]

@@ -317,7 +317,7 @@ def run_child(zygote: Zygote, request: dict, who: Identity, limits: Limits, wall
         _kill_everything(pid, who)
         code = zygote.status(30)
         with contextlib.suppress(OSError):
-            run.log_tail = log_path.read_bytes()[-2000:].decode(errors="replace")
+            run.log_tail = log_path.read_bytes()[-8000:].decode(errors="replace")
         shutil.rmtree(work, ignore_errors=True)
     done = any("done" in e for e in run.events)
     if not run.ending and not done and not run.violation:
@@ -471,6 +471,7 @@ def grade_course(
     limits: Limits | None = None,
     refused: dict[str, str] | None = None,
     log=print,
+    guards: bool = True,
 ) -> tuple[list[ExerciseResult], str]:
     """Grade `course` (stubs + placed modules) one module at a time in children; return (results, a note)."""
     limits = limits or Limits()
@@ -483,13 +484,14 @@ def grade_course(
     zygote = Zygote(course, scratch)
     try:
         zygote.start()
-        return _grade(zygote, exercises, stubs, submitted, limits, refused or {}, deadline, who, log), who.note
+        results = _grade(zygote, exercises, stubs, submitted, limits, refused or {}, deadline, who, log, guards)
+        return results, who.note
     finally:
         zygote.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _grade(zygote, exercises, stubs, submitted, limits, refused, deadline, who, log) -> list[ExerciseResult]:
+def _grade(zygote, exercises, stubs, submitted, limits, refused, deadline, who, log, guards) -> list[ExerciseResult]:
     """The loop of grade_course: run each group; after a bad end, charge the culprit and run the rest again."""
     manifest = collect_from_stubs(zygote, exercises, stubs, submitted, who, limits)
     course = zygote.course
@@ -511,13 +513,19 @@ def _grade(zygote, exercises, stubs, submitted, limits, refused, deadline, who, 
                 [ex for g in [group, *pending] for ex in g], "not graded: the whole grading run's time limit ran out."
             )
             break
-        request = {"mode": "test", "ids": [ex.id for ex in group], "submitted": sorted(paths.values())}
+        request = {
+            "mode": "test",
+            "ids": [ex.id for ex in group],
+            "submitted": sorted(paths.values()),
+            "guards": guards,
+        }
         run = run_child(zygote, request, who, limits, left)
         running = grading.record(run.events, group)
         log(f"sandbox: {', '.join(ex.id for ex in group)}: {run.ending or 'done'}")
         if not run.ending and not run.violation:
+            errors = [str(e["message"])[:1000] for e in run.events if "collect_error" in e and "message" in e]
             for exercise in group:
-                grading.finish(exercise, "the test did not run (its file could not be collected?).")
+                grading.finish(exercise, errors[0] if errors else "the test did not run.")
             continue
         unfinished = [ex for ex in group if ex.id not in grading.results and not grading.complete(ex)]
         for exercise in group:
@@ -679,11 +687,13 @@ def child_main(request: dict) -> None:
         selected = [EXERCISES[i] for i in request["ids"]]
         if request["mode"] == "collect":
             emit(_collect(selected, here))
+            emit({"done": 0})
         else:
             from kvcourse.course.static_check import load_policy
 
             submitted = set(request.get("submitted") or [])
-            install_guards(submitted, load_policy(here).modules, emit)
+            if request.get("guards", True):
+                install_guards(submitted, load_policy(here).modules, emit)
             collector = grade._Collector(False, emit=emit)
             code = pytest.main(grade.pytest_args(selected, here), plugins=[collector])
             emit({"done": int(code)})
