@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +41,21 @@ class Question:
         return self.prompt if len(self.prompt) <= 40 else self.prompt[:39] + "…"
 
 
+def _choice(text: str, choices: tuple[str, ...]) -> str | None:
+    """The option meant, written as the notebook prints it ("b", "(b)", "b)", "(b) only the stack's"), or None."""
+    text = text.strip().lower()
+    bare = text.strip("()[]{}.,:;!'\" ")
+    if bare in choices:
+        return bare
+    lead = re.match(r"[(\[]?\s*([a-z_]+)\s*[)\].:]\s", text + " ")
+    return lead[1] if lead and lead[1] in choices else None
+
+
 def normalize(question: Question, value: object) -> str:
     """One spelling per answer, so that 3, 3.0 and "3" are the same guess; a ValueError says what to give."""
     if question.kind == "choice":
-        text = str(value).strip().lower()
-        if text not in question.choices:
+        text = _choice(str(value), question.choices)
+        if text is None:
             raise ValueError(f"Question {question.id} takes one of {', '.join(question.choices)}; got {value!r}.")
         return text
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -245,6 +256,23 @@ _QUESTIONS = [
         digest="123ba9f8667f2f75cc79c89cba9b4690eb204705be22ecc8a888208caad61eed",
     ),
     Question(
+        id="8.e",
+        notebook="08",
+        prompt="Prompt tokens the prefix cache counts as hits for one n=4 request with a 40-token prompt "
+        "(blocks of 16)",
+        kind="int",
+        digest="e464358d9e7961359c4441c560b21c1baaaf0cd65cd02636c18800ea8dfcccc9",
+    ),
+    Question(
+        id="8.f",
+        notebook="08",
+        prompt="Physical blocks holding the 40 prompt tokens across the four children: (a) 3, as a fork "
+        "(copy-on-write) would, (b) 6, (c) 12",
+        kind="choice",
+        choices=("a", "b", "c"),
+        digest="671eb0e6b5c5ad1605af84ee66d13b76710928b020ce269a532bbc0cdf5c92e0",
+    ),
+    Question(
         id="7.a",
         notebook="07",
         prompt="As the token budget grows from 32 to 512, the p99 inter-token latency (a) falls, "
@@ -269,6 +297,22 @@ _QUESTIONS = [
         choices=("yes", "no"),
         digest="a9e5dc2c0e994836c2f6479473581d6145455a35668c3ef2241ce4326c2c720b",
     ),
+    Question(
+        id="9.a",
+        notebook="09",
+        prompt="Budget 16, running A (decode), P (30 tokens to go), B and C (decodes): how many of the "
+        "three decodes does vLLM's order schedule",
+        kind="int",
+        digest="0a92ccf91b15356d361b7c6e8b6fe3df34faa3ab13cd1d2fe9601c62d0d91e53",
+    ),
+    Question(
+        id="9.b",
+        notebook="09",
+        prompt="Budget 32, prompts P1 and P2 prefilling (20 tokens each): how many tokens does the course's "
+        "order give P2",
+        kind="int",
+        digest="771b6d93637b37db8e06683d426a5fd3ae72b77ac9974a9d3cfba35aa9275d90",
+    ),
 ]
 
 QUESTIONS: dict[str, Question] = {question.id: question for question in _QUESTIONS}
@@ -286,22 +330,6 @@ def get_question(question_id: str) -> Question:
 def _load_answers() -> dict[str, dict]:
     """The learner's recorded answers (none yet when the file does not exist or is unreadable)."""
     try:
-    Question(
-        id="9.a",
-        notebook="09",
-        prompt="Budget 16, running A (decode), P (30 tokens to go), B and C (decodes): how many of the "
-        "three decodes does vLLM's order schedule",
-        kind="int",
-        digest="0a92ccf91b15356d361b7c6e8b6fe3df34faa3ab13cd1d2fe9601c62d0d91e53",
-    ),
-    Question(
-        id="9.b",
-        notebook="09",
-        prompt="Budget 32, prompts P1 and P2 prefilling (20 tokens each): how many tokens does the course's "
-        "order give P2",
-        kind="int",
-        digest="771b6d93637b37db8e06683d426a5fd3ae72b77ac9974a9d3cfba35aa9275d90",
-    ),
         return json.loads(ANSWERS_FILE.read_text())
     except (OSError, ValueError):
         return {}

@@ -62,3 +62,17 @@ def test_too_small_budget_fits_none():
     got = max_sequences(100, seq_len=10, bytes_per_token=11)
     assert type(got) is int, f"max_sequences should return a plain int, not {type(got).__name__}"
     assert got == 0, "a budget smaller than one sequence fits none"
+
+
+@pytest.mark.ex0_2
+def test_the_count_is_a_whole_number():
+    got = max_sequences(36_864 * 1024 * 4, seq_len=1024, bytes_per_token=36_864)
+    assert isinstance(got, int) and not isinstance(got, bool), (
+        "max_sequences should return a whole number (an int): true division gives a float such as 4.0"
+    )
+
+
+@pytest.mark.ex0_1
+def test_the_byte_count_is_an_int():
+    got = kv_bytes_per_token(gpt2_config("gpt2"), torch.float32)
+    assert isinstance(got, int) and not isinstance(got, bool), "kv_bytes_per_token should return an int"

@@ -276,7 +276,9 @@ def test_blocks_are_published_as_they_fill():
         manager.allocate_slots(req, 1)
         req.num_computed_tokens += 1
     assert manager.block_pool.get_num_cached_blocks() == 2, "a block should be published once decodes fill it"
-    assert manager.get_blocks(req).blocks[1].block_hash == hash_request_tokens(4, req.all_token_ids)[1]
+    assert manager.get_blocks(req).blocks[1].block_hash == hash_request_tokens(4, req.all_token_ids)[1], (
+        "a block filled by decodes is published under its chain hash"
+    )
 
 
 @pytest.mark.ex4_2
@@ -576,6 +578,15 @@ def test_token_boundaries_matter():
     assert hash_block_tokens(parent, [1, 2]) != hash_block_tokens(None, [*parent, 1, 2]), (
         "the parent's hash and the tokens must not blur into each other"
     )
+
+
+@pytest.mark.ex4_1
+def test_the_same_tokens_hash_alike_however_they_are_held():
+    as_list = hash_block_tokens(None, [5, 6, 7, 8])
+    assert hash_block_tokens(None, (5, 6, 7, 8)) == as_list, (
+        "the same tokens in a tuple and in a list hash differently: hash the token values, not the container"
+    )
+    assert hash_request_tokens(2, (5, 6, 7, 8)) == hash_request_tokens(2, [5, 6, 7, 8]), "the chain should agree too"
 
 
 @pytest.mark.ex4_1

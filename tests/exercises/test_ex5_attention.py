@@ -63,13 +63,53 @@ def decode_case(block_size: int, lengths: list[int], seed: int = 0):
 
 
 # ----------------------------------------------------------------------------- 5.1
+def write(keys, values, key_cache, value_cache, slots) -> None:
+    """Call the learner's write_to_cache; a dtype clash inside it is reported as the rule it breaks."""
+    try:
+        attention.write_to_cache(keys, values, key_cache, value_cache, slots)
+    except RuntimeError as error:
+        if "dtype" in str(error).lower() or "Half" in str(error) or "BFloat16" in str(error):
+            pytest.fail(
+                f"write_to_cache stores keys and values in the cache's dtype ({key_cache.dtype}); they came as "
+                f"{keys.dtype} and the write failed ({str(error).splitlines()[0]}): cast them to the cache's dtype",
+                pytrace=False,
+            )
+        raise
+
+
+@pytest.mark.ex5_1
+def test_write_to_cache_writes_into_the_given_cache():
+    key_cache, value_cache = torch.zeros(3, 2, 1, 2), torch.zeros(3, 2, 1, 2)
+    write(torch.ones(2, 1, 2), torch.ones(2, 1, 2), key_cache, value_cache, torch.tensor([1, 4]))
+    assert key_cache.abs().sum() > 0 and value_cache.abs().sum() > 0, (
+        "nothing was written into the caches you were given: write IN PLACE (into a view of the cache), not into "
+        "a copy, or the engine never sees the keys and values"
+    )
+
+
+@pytest.mark.ex5_1
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_write_to_cache_stores_in_the_cache_dtype(dtype):
+    gen = torch.Generator().manual_seed(4)
+    key_cache, value_cache = torch.zeros(4, 2, 2, 3, dtype=dtype), torch.zeros(4, 2, 2, 3, dtype=dtype)
+    keys, values = torch.randn(3, 2, 3, generator=gen), torch.randn(3, 2, 3, generator=gen)  # float32
+    write(keys, values, key_cache, value_cache, torch.tensor([5, 0, 7]))
+    assert key_cache.dtype == dtype and value_cache.dtype == dtype, "the caches must keep their dtype"
+    for t, slot in enumerate([5, 0, 7]):
+        block, offset = divmod(slot, 2)
+        assert torch.equal(key_cache[block, offset], keys[t].to(dtype)), (
+            f"a float32 key written into a {dtype} cache should be the key cast to {dtype}, at its slot"
+        )
+        assert torch.equal(value_cache[block, offset], values[t].to(dtype)), "a value did not land, cast, in its slot"
+
+
 @pytest.mark.ex5_1
 def test_write_to_cache_puts_each_token_at_its_slot():
     gen = torch.Generator().manual_seed(1)
     key_cache, value_cache = torch.zeros(6, 4, 2, 3), torch.zeros(6, 4, 2, 3)
     keys, values = torch.randn(5, 2, 3, generator=gen), torch.randn(5, 2, 3, generator=gen)
     slots = torch.tensor([13, 2, 21, 3, 8])
-    attention.write_to_cache(keys, values, key_cache, value_cache, slots)
+    write(keys, values, key_cache, value_cache, slots)
     for t, slot in enumerate(slots.tolist()):
         block, offset = divmod(slot, 4)
         assert torch.equal(key_cache[block, offset], keys[t]), (
@@ -82,7 +122,7 @@ def test_write_to_cache_puts_each_token_at_its_slot():
 def test_write_to_cache_changes_nothing_else_and_works_in_place():
     key_cache, value_cache = torch.full((4, 3, 1, 2), 7.0), torch.full((4, 3, 1, 2), 7.0)
     before = key_cache
-    attention.write_to_cache(torch.zeros(2, 1, 2), torch.zeros(2, 1, 2), key_cache, value_cache, torch.tensor([4, 11]))
+    write(torch.zeros(2, 1, 2), torch.zeros(2, 1, 2), key_cache, value_cache, torch.tensor([4, 11]))
     assert key_cache is before, "write_to_cache must fill the cache it was given, not make a new one"
     touched = torch.zeros(12, dtype=torch.bool)
     touched[[4, 11]] = True
@@ -121,6 +161,82 @@ def test_paged_decode_attention_uses_the_scale():
     assert not torch.allclose(plain, scaled), "the scale argument had no effect on the result"
 
 
+def low_precision_case(dtype: torch.dtype, seq_len: int = 64, seed: int = 8):
+    """One decode over a long sequence in a `dtype` cache, and its answer computed in float32 from the same numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    block_size, heads, head_dim = 8, 2, 32
+    num_blocks = seq_len // block_size + 2
+    key_cache = torch.randn(num_blocks, block_size, heads, head_dim, generator=gen).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, heads, head_dim, generator=gen).to(dtype)
+    table = torch.randperm(num_blocks, generator=gen)[: seq_len // block_size].to(torch.int32)
+    query = torch.randn(1, heads, head_dim, generator=gen).to(dtype)
+    keys = key_cache[table.long()].reshape(-1, heads, head_dim).float()
+    values = value_cache[table.long()].reshape(-1, heads, head_dim).float()
+    exact = dense_attention(query.float(), keys, values, None)
+    return (query, key_cache, value_cache, table[None, :], torch.tensor([seq_len])), exact
+
+
+def ulps_off(got: torch.Tensor, exact: torch.Tensor) -> float:
+    """The largest error of `got` in units of the last place of its dtype (float32 rounding alone gives <= 0.5)."""
+    mantissa = {torch.bfloat16: 7, torch.float16: 10}[got.dtype]
+    unit = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-3))) - mantissa)
+    return ((got.float() - exact).abs() / unit).max().item()
+
+
+@pytest.mark.ex5_2
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_paged_decode_attention_accumulates_in_float32(dtype):
+    args, exact = low_precision_case(dtype)
+    got = attention.paged_decode_attention(*args)
+    assert got.dtype == dtype, f"the output should be stored in the query's dtype ({dtype})"
+    assert ulps_off(got, exact) <= 1.0, (
+        f"with a {dtype} cache the result is off by more than rounding: compute the scores, the softmax and the "
+        "weighted sum in float32 (upcast the query, keys and values), then store the result in out's dtype"
+    )
+
+
+@pytest.mark.ex5_2
+def test_paged_decode_attention_with_scores_far_from_zero():
+    (query, key_cache, value_cache, tables, lens), _ = decode_case(4, [6, 9], seed=3)
+    for shift in (-40.0, 40.0):  # every score far below zero, then far above: exp() alone under/overflows
+        shifted = query + shift
+        keys = [attention.gather_kv(key_cache, tables[b], int(lens[b])).float() + 1.0 for b in range(2)]
+        cache = key_cache + 1.0
+        expected = torch.stack(
+            [dense_attention(shifted[b : b + 1], keys[b], make_values(value_cache, tables[b], lens[b]), None)[0]
+             for b in range(2)]
+        )  # fmt: skip
+        got = attention.paged_decode_attention(shifted, cache, value_cache, tables, lens)
+        assert torch.isfinite(got).all(), (
+            "scores far from zero gave NaN or infinity: a softmax must subtract the largest score before exp() "
+            "(torch.softmax does)"
+        )
+        assert torch.allclose(got, expected, atol=1e-4), "with scores far from zero the attention is wrong"
+
+
+def make_values(value_cache: torch.Tensor, table: torch.Tensor, seq_len) -> torch.Tensor:
+    """A sequence's values read back in order, independently of the learner's gather_kv."""
+    block_size = value_cache.shape[1]
+    return torch.stack([value_cache[int(table[p // block_size]), p % block_size] for p in range(int(seq_len))])
+
+
+@pytest.mark.ex5_2
+def test_gather_kv_never_reads_the_padding():
+    key_cache, _, tables, keys, _ = make_paged([5], block_size=4)
+    padded = tables[0].clone()
+    padded[2:] = 10**6  # padding past the sequence's blocks: any value, never a real block
+    padded = torch.cat([padded, torch.full((3,), 10**6, dtype=padded.dtype)])
+    try:
+        got = attention.gather_kv(key_cache, padded, 5)
+    except IndexError:
+        pytest.fail(
+            "gather_kv read a padding entry of the block table: only the first ceil(seq_len / block_size) entries "
+            "are blocks of the sequence",
+            pytrace=False,
+        )
+    assert torch.equal(got, keys[0]), "gather_kv did not return the sequence's tokens in order"
+
+
 # ----------------------------------------------------------------------------- 5.3
 def mixed_case(block_size: int, lengths: list[int], chunks: list[int], seed: int = 2):
     """A mixed batch: sequence b's last chunks[b] tokens are the queries; its whole length is cached."""
@@ -157,6 +273,22 @@ def test_paged_attention_mixes_chunks_and_decodes():
     assert torch.allclose(got, expected, atol=1e-5), "a chunk must see its cached prefix and, causally, itself"
 
 
+@pytest.mark.ex5_3
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_paged_attention_accumulates_in_float32(dtype):
+    (query, key_cache, value_cache, tables, lens), _ = low_precision_case(dtype)
+    seq_len, chunk = int(lens[0]), 5
+    queries = torch.randn(chunk, *query.shape[1:], generator=torch.Generator().manual_seed(2)).to(dtype)
+    keys = attention.gather_kv(key_cache, tables[0], seq_len).float()
+    values = attention.gather_kv(value_cache, tables[0], seq_len).float()
+    exact = dense_attention(queries.float(), keys, values, seq_len - chunk)
+    got = attention.paged_attention(queries, key_cache, value_cache, tables, lens, torch.tensor([0, chunk]))
+    assert got.dtype == dtype, f"the output should be in the query's dtype ({dtype})"
+    assert ulps_off(got, exact) <= 1.0, (
+        f"with a {dtype} cache a chunk's attention is off by more than rounding: compute in float32, then cast"
+    )
+
+
 # ----------------------------------------------------------------------------- 5.4 (Triton, in its CPU interpreter)
 _TRITON_SCRIPT = """
 import sys, torch
@@ -172,12 +304,44 @@ torch.save(results, sys.argv[2])
 """
 
 TRITON_CASES = {"block3": (3, [1, 5, 9, 4]), "block16": (16, [17, 3]), "block1": (1, [2, 5])}
+# What each case is for, in the words a failure needs.
+TRITON_CASE_WORDS = {
+    "block3": "sequences of 1 to 9 tokens in blocks of 3 (partial last blocks)",
+    "block16": "a sequence shorter than one block of 16 (the loop must visit ceil(seq_len / BLOCK_SIZE) blocks)",
+    "block1": "blocks of one token",
+    "far_below_zero": "every score far below zero (start the running max at -inf: exp(score - 0.0) underflows to 0)",
+    "fp16": "a float16 cache (load as float32, accumulate in float32, store in out's dtype)",
+}
+
+
+def far_below_zero_case():
+    """Scores around -280: a running max started at 0.0 makes every exp() underflow, and 0 / 0 is NaN."""
+    (query, key_cache, value_cache, tables, lens), _ = decode_case(4, [6, 3], seed=7)
+    key_cache = key_cache.abs() + 10.0
+    query = -10.0 - query.abs()
+    expected = torch.stack(
+        [dense_attention(query[b : b + 1], make_values(key_cache, tables[b], lens[b]),
+                         make_values(value_cache, tables[b], lens[b]), None)[0] for b in range(2)]
+    )  # fmt: skip
+    return (query, key_cache, value_cache, tables, lens), expected
+
+
+def fp16_case():
+    """A float16 cache and query; the answer computed in float32 from the same numbers."""
+    (query, key_cache, value_cache, tables, lens), _ = decode_case(4, [7, 12], seed=9)
+    query, key_cache, value_cache = query.half(), key_cache.half(), value_cache.half()
+    expected = torch.stack(
+        [dense_attention(query[b : b + 1].float(), make_values(key_cache, tables[b], lens[b]).float(),
+                         make_values(value_cache, tables[b], lens[b]).float(), None)[0] for b in range(2)]
+    )  # fmt: skip
+    return (query, key_cache, value_cache, tables, lens), expected
 
 
 @pytest.fixture(scope="module")
 def triton_results():
     """Run every case through the learner's kernel in one fresh process with TRITON_INTERPRET=1 set first."""
     cases = {name: decode_case(bs, lengths, seed=5) for name, (bs, lengths) in TRITON_CASES.items()}
+    cases["far_below_zero"], cases["fp16"] = far_below_zero_case(), fp16_case()
     with tempfile.TemporaryDirectory() as tmp:
         torch.save({name: args for name, (args, _) in cases.items()}, f"{tmp}/in.pt")
         env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -207,14 +371,14 @@ def _triton_output(triton_results, name: str) -> torch.Tensor:
 
 
 @pytest.mark.ex5_4
-@pytest.mark.parametrize("name", list(TRITON_CASES))
+@pytest.mark.parametrize("name", list(TRITON_CASE_WORDS))
 def test_triton_kernel_equals_dense_attention(triton_results, name):
     got = _triton_output(triton_results, name)
-    expected = triton_results[name][1]
-    assert torch.isfinite(got).all(), "the kernel wrote NaN or infinity (check the online-softmax rescaling and masks)"
-    assert torch.allclose(got, expected, atol=1e-5), (
-        "the Triton kernel differs from attention over the same keys and values"
-    )
+    expected, words = triton_results[name][1], TRITON_CASE_WORDS[name]
+    assert torch.isfinite(got).all(), f"the kernel wrote NaN or infinity for {words}"
+    assert got.dtype == (torch.float16 if name == "fp16" else torch.float32), "the kernel should store in out's dtype"
+    atol = {"fp16": 2e-3, "far_below_zero": 1e-3}.get(name, 1e-5)  # scores near -280 carry float32 rounding
+    assert torch.allclose(got.float(), expected, atol=atol), f"the Triton kernel differs from attention for {words}"
 
 
 # ----------------------------------------------------------------------------- 5.4 (the same kernel, as a GPU compiles it)
@@ -245,6 +409,7 @@ class Seq:
     tokens: list[int]
     is_decode: bool
     position_ids_start: int
+    samples_token: bool = True
 
 
 def _batch():
@@ -307,11 +472,11 @@ def test_runner_reproduces_hugging_face_greedy():
     expected = hf_greedy(model, prompt, 4)
     runner = ModelRunner(model, num_blocks=8, block_size=4)
     table = {0: [5, 2, 7, 0]}
-    out = runner.execute([Seq(0, prompt[:5], False, 0)], table)  # a first chunk
-    out = runner.execute([Seq(0, prompt[5:], False, 5)], table)  # the rest of the prompt
+    out = runner.execute_batch([Seq(0, prompt[:5], False, 0)], table)  # a first chunk
+    out = runner.execute_batch([Seq(0, prompt[5:], False, 5)], table)  # the rest of the prompt
     tokens = [out[0]]
     for _ in range(3):
-        tokens.append(runner.execute([Seq(0, [tokens[-1]], True, len(prompt) + len(tokens) - 1)], table)[0])
+        tokens.append(runner.execute_batch([Seq(0, [tokens[-1]], True, len(prompt) + len(tokens) - 1)], table)[0])
     assert tokens == expected, (
         "GPT-2 through your runner and the paged cache chose different tokens than Hugging Face's generate"
     )
@@ -329,4 +494,66 @@ def test_a_long_chunk_crosses_its_blocks_in_table_order():
     assert inputs.slot_mapping.tolist() == expected_slots, (
         "a 50-token chunk starting mid-block should take its slots from the table, block after block"
     )
-    assert inputs.seq_lens.tolist() == [53, 21, 2] and inputs.logits_indices.tolist() == [49, 50, 51]
+    assert inputs.seq_lens.tolist() == [53, 21, 2], "seq_lens should count each sequence's tokens after the step"
+    assert inputs.logits_indices.tolist() == [49, 50, 51], "logits_indices should point at each sequence's last token"
+
+
+class CountTorchCalls(torch.overrides.TorchFunctionMode):
+    """Counts every torch function and tensor method called while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def lines_run_in(function, *args):
+    """(result, Python lines executed inside the file that defines `function`, torch calls) for one call."""
+    filename, lines = function.__code__.co_filename, [0]
+
+    def local(frame, event, arg):
+        if event == "line":
+            lines[0] += 1
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code.co_filename == filename else None
+
+    counter = CountTorchCalls()
+    sys.settrace(tracer)
+    try:
+        with counter:
+            result = function(*args)
+    finally:
+        sys.settrace(None)
+    return result, lines[0], counter.calls
+
+
+@pytest.mark.ex5_5
+def test_token_layout_uses_no_python_loop_over_tokens():
+    from kvcourse.model_runner import token_layout
+
+    gen = torch.Generator().manual_seed(5)
+    num_tokens = torch.randint(1, 200, (40,), generator=gen)  # about 4,000 tokens in 40 sequences
+    starts = torch.randint(0, 300, (40,), generator=gen)
+    width = int(((starts + num_tokens + 15) // 16).max())
+    table = torch.randint(0, 10_000, (40, width), generator=gen)
+    query_start_loc = torch.zeros(41, dtype=torch.long)
+    query_start_loc[1:] = torch.cumsum(num_tokens, 0)
+    (positions, slots, seq_lens), lines, calls = lines_run_in(
+        token_layout, table, starts, num_tokens, query_start_loc, 16
+    )
+    assert lines <= 400 and calls <= 400, (
+        f"token_layout ran {lines} Python lines and {calls} torch calls for about 4,000 tokens: a loop over tokens "
+        "(or sequences) does not scale with the batch; build positions and slots with tensor operations "
+        "(torch.repeat_interleave, torch.arange, indexing)"
+    )
+    seq = torch.repeat_interleave(torch.arange(40), num_tokens)
+    expected_positions = starts[seq] + torch.arange(int(num_tokens.sum())) - query_start_loc[seq]
+    assert torch.equal(positions, expected_positions), "the positions of a large batch are wrong"
+    expected_slots = table[seq, expected_positions // 16] * 16 + expected_positions % 16
+    assert torch.equal(slots, expected_slots), "the slots of a large batch are wrong"
+    assert torch.equal(seq_lens, starts + num_tokens), "seq_lens of a large batch are wrong"
