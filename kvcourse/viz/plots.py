@@ -126,15 +126,13 @@ def plot_hit_rate_curve(
                 fontsize=8,
                 color=color,
             )
-    for j, (label, capacity) in enumerate((marks or {}).items()):
+    for label, capacity in (marks or {}).items():
         ax.axvline(capacity, color="gray", linestyle="--", linewidth=1)
-        ax.annotate(
-            label, (capacity, 2 + 8 * j), textcoords="offset points", xytext=(4, 0), fontsize=8, color="dimgray"
-        )
+        ax.text(capacity, 97, f"{label} ", rotation=90, ha="right", va="top", fontsize=8, color="dimgray")
     ax.set_xscale("log")
     ax.set_xlabel("cache capacity (tokens)")
     ax.set_ylabel("prefix hit rate (% of prompt tokens)")
     ax.set_ylim(0, 100)
     ax.set_title(title)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)
     return ax
