@@ -541,13 +541,10 @@ def sample_in_parallel(prompt, n, num_new_tokens, share, block_size=8):
     def feed(request, tokens):
         """Make room, run the copy-on-write copies, write the tokens' K/V, return the next token."""
         manager.allocate_slots(request, len(tokens))
-        for src, dst in manager.take_pending_copies():  # the executor copies the block's K/V
-            for offset in range(block_size):
-                if (src, offset) in model.slots:
-                    model.slots[dst, offset] = model.slots[src, offset]
+        model.copy_blocks(manager.take_pending_copies())  # the executor copies the blocks' K/V first
         step = ScheduledSequence(request.id, tokens, False, request.num_computed_tokens, samples_token=True)
         request.num_computed_tokens += len(tokens)
-        return model.execute([step], {request.id: manager.get_block_ids(request)})[request.id]
+        return model.execute_batch([step], {request.id: manager.get_block_ids(request)})[request.id]
 
     for request in samples[:1] if share else samples:  # the prompt: once when sharing, n times otherwise
         first = feed(request, prompt)
@@ -594,6 +591,235 @@ plt.show()
 # vLLM v1's design, which shares the prompt through the prefix cache instead of forking: what does it
 # give up (the prompt's partial last block is held once per sample) and what does it gain (no copies,
 # no copy-on-write bookkeeping, and the same code path as any other shared prefix)?
+
+# %% [markdown]
+# ## 9. Real traffic: one hour of a production chatbot
+#
+# Every workload so far was ours: seeded lengths, a system prompt we wrote. How much a prefix cache
+# saves depends on how real users reuse prefixes, and for that there are real traces. **Mooncake**, the
+# serving platform of Moonshot AI's Kimi chatbot, released the request traces of its FAST'25 paper
+# (Apache 2.0; shipped with the course in `notebooks/data/mooncake/`, with the license and where they
+# came from). They hold no text. Per request: its arrival time (ms), its input and output lengths in
+# tokens, and `hash_ids`, one id per **512-token block** of the prompt (the last may be partial). Two
+# requests whose lists start with the same k ids share their first k × 512 tokens of KV cache.
+#
+# * `conversation`: one hour of the chatbot's traffic, with its real arrival times;
+# * `synthetic`: requests built from public data sets, with Poisson arrivals.
+#
+# `kvcourse.traces.load_trace(name)` reads one into a list of `TraceRequest`s.
+
+# %%
+from kvcourse.traces import load_trace, prompt_tokens
+
+chat, synthetic = load_trace("conversation"), load_trace("synthetic")
+for name, trace in [("conversation", chat), ("synthetic", synthetic)]:
+    full_blocks = {i for r in trace for i in r.hash_ids[: r.num_full_blocks]}
+    print(
+        f"{name:<12} {len(trace):>6,} requests over {trace[-1].timestamp_ms / 60_000:.0f} minutes, "
+        f"mean input {sum(r.input_length for r in trace) / len(trace):,.0f} tokens, "
+        f"mean output {sum(r.output_length for r in trace) / len(trace):,.0f}, "
+        f"{len(full_blocks):,} distinct full blocks"
+    )
+for r in chat[:3]:
+    print(
+        f"  t={r.timestamp_ms} ms  input {r.input_length:>5}  output {r.output_length:>3}  hash_ids {list(r.hash_ids[:6])}..."
+    )
+
+# %% [markdown]
+# The first three requests all start with block 0 (a system prompt, most likely), then part ways.
+#
+# **Blocks as tokens.** Your manager hashes tokens, not ids. `prompt_tokens(request, block_size=2)`
+# gives each 512-token block two stand-in tokens made from its id (equal ids, equal tokens; different
+# ids, different tokens), and a partial last block one token: a partial block, never cached. Your hash
+# chain (exercise 4.1) then finds exactly the sharing the trace records, and a block of 2 tokens stands
+# for 512: the replay counts blocks, so the hits do not change (a test replays with 2, 16 and 512
+# tokens per block), and the replay is much cheaper.
+
+# %%
+chains = [hash_request_tokens(2, prompt_tokens(r, block_size=2)) for r in chat[:3]]
+print("stand-in prompt of request 0:", prompt_tokens(chat[0])[:8], "...", f"({len(prompt_tokens(chat[0]))} tokens)")
+for i, j in [(0, 1), (1, 2)]:
+    same = sum(1 for a, b in zip(chains[i], chains[j]) if a == b)
+    print(f"requests {i} and {j}: {same} equal block hash(es) (their hash_ids share {same} leading id(s))")
+
+# %% [markdown]
+# **The replay.** The paper measures a "theoretical" hit rate: only the order of the requests, no
+# timing. `kvcourse.bench.trace` replays a trace through **your** `KVCacheManager` with prefix caching
+# on, a cache of C tokens being C // 512 blocks. For each request in turn: `get_computed_blocks` (its
+# prefix hits), `allocate_slots` for its full blocks, `free` (its blocks stay cached, evicted least
+# recently used first, tail before head). The hit rate is the prompt tokens served from the cache,
+# 512 per block hit, over all prompt tokens: full blocks only, and never the block holding a prompt's
+# last token (your 4.3's rule; in these traces it changes nothing). A cache as large as the trace's
+# distinct blocks never evicts: that replay gives the **maximum**, the hit rate of an infinite cache.
+#
+# Before you run it, **predict**. An 80 GB GPU serving an 8B model has room for about half a million
+# tokens of KV cache (you will compute it below). On the chat trace, what share of the prompt tokens
+# would its prefix cache serve: (a) under 10%, (b) 10 to 25%, (c) 25 to 40%, (d) over 40%?
+
+# %%
+answer("4.d", None)
+
+# %%
+from kvcourse.bench.trace import PAPER_CACHE_RATIO, hit_rate_curve, paper_statements
+
+CAPACITIES = (10**4, 10**5, 10**6, 3 * 10**6, 10**7, 3 * 10**7, 5 * 10**7, 10**8, 10**9)  # tokens
+curves, maxima = {}, {}
+for name, trace in [("conversation", chat), ("synthetic", synthetic)]:
+    curve, best = hit_rate_curve(trace, CAPACITIES)  # one replay per capacity, through your KVCacheManager
+    curves[name], maxima[name] = {c: r.hit_rate for c, r in curve.items()}, best.hit_rate
+print(f"{'cache (tokens)':>15} {'conversation':>13} {'synthetic':>10}")
+for capacity in CAPACITIES:
+    print(f"{capacity:>15,} {curves['conversation'][capacity]:>13.1%} {curves['synthetic'][capacity]:>10.1%}")
+print(f"{'infinite':>15} {maxima['conversation']:>13.1%} {maxima['synthetic']:>10.1%}")
+print(f"{'paper, Table 2':>15} {PAPER_CACHE_RATIO['conversation']:>13.0%} {PAPER_CACHE_RATIO['synthetic']:>10.0%}")
+
+# %% [markdown]
+# **A GPU's worth.** How many tokens of KV cache fit on one 80 GB GPU? Your `kv_bytes_per_token`
+# (exercise 0.1) gives the bytes per token; the budget is what vLLM would give the cache: 90% of the
+# memory (its default `gpu_memory_utilization`) less the fp16 weights. Two models: GPT-2 small (124M
+# parameters) and an 8B model shaped like Llama 3 8B (32 layers, 8 KV heads of 128: grouped-query
+# attention). Then both capacities are replayed and placed on the curve.
+
+# %%
+import torch
+from transformers import GPT2Config, LlamaConfig
+
+from kvcourse.bench.trace import capacity_blocks, replay, trace_requests
+from kvcourse.memory import kv_bytes_per_token
+from kvcourse.viz.plots import plot_hit_rate_curve
+
+llama_8b = LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8)
+gpu_bytes, chat_requests, gpu_tokens, gpu_replays = 80e9, trace_requests(chat), {}, {}
+for label, config, parameters in [("GPT-2 small", GPT2Config(), 124e6), ("8B model", llama_8b, 8.03e9)]:
+    per_token = kv_bytes_per_token(config, torch.float16)
+    tokens = int((0.9 * gpu_bytes - 2 * parameters) // per_token)
+    gpu_replays[label] = replay(chat, chat_requests, capacity_blocks(tokens))
+    rate = gpu_replays[label].hit_rate
+    gpu_tokens[f"80 GB, {label}"] = tokens
+    print(
+        f"{label:<12} {per_token:>7,} B/token -> {tokens / 1e6:.2f} M tokens of KV cache: chat hit rate {rate:.1%} "
+        f"({rate / maxima['conversation']:.0%} of the maximum {maxima['conversation']:.1%})"
+    )
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4))
+plot_hit_rate_curve(curves, maxima, PAPER_CACHE_RATIO, marks={"3M": 3 * 10**6, "50M": 5 * 10**7, **gpu_tokens}, ax=ax)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The paper makes two statements about this curve: a 3-million-token cache reaches **less than half**
+# of the maximum hit rate in most workloads, and 50 million tokens come **close to** it. Checked on
+# your replay ("close" meaning at least 90% of the maximum):
+
+# %%
+for name in curves:
+    claims = paper_statements(curves[name], maxima[name])
+    print(
+        f"{name:<12} 3M: {curves[name][3 * 10**6]:.1%} of a maximum {maxima[name]:.1%} -> "
+        f"{'below half: holds' if claims['3M_below_half_of_max'] else 'NOT below half'}; "
+        f"50M: {curves[name][5 * 10**7]:.1%} -> {'close: holds' if claims['50M_close_to_max'] else 'NOT close'}"
+    )
+
+# %% [markdown]
+# Both statements hold on both traces. The maximum on the chat trace (37%) is a little below the
+# paper's "about 40%" for this workload in its Table 2 (the paper does not say how it counted partial
+# blocks or the last token; we count full blocks only). The synthetic trace's 65% matches its 66%.
+#
+# The lesson is in the x axis: one GPU's KV cache, 0.4 to 2 million tokens, serves a small share of
+# the prompt tokens this traffic could reuse. Why so little? The cell below measures, in the infinite
+# cache, how long ago each block that hits was last used, and how much traffic an LRU cache of one
+# GPU's size remembers (its size over the new blocks an average request brings).
+
+# %%
+last_used, gaps = {}, []
+for r in chat:
+    full = r.hash_ids[: r.num_full_blocks]
+    for hash_id in full[: (r.input_length - 1) // 512]:
+        if hash_id not in last_used:
+            break
+        gaps.append((r.timestamp_ms - last_used[hash_id]) / 1000)
+    for hash_id in full:
+        last_used[hash_id] = r.timestamp_ms
+gaps.sort()
+print(f"a block that hits was last used {gaps[len(gaps) // 2]:.0f} s earlier (median of {len(gaps):,} hits)")
+rate_per_s = len(chat) / (chat[-1].timestamp_ms / 1000)
+full_blocks = sum(r.num_full_blocks for r in chat)
+for label, gpu_replay in gpu_replays.items():
+    new_per_request = (full_blocks - gpu_replay.hit_tokens // 512) / len(chat)  # blocks a request computes and caches
+    remembered = gpu_replay.num_blocks / new_per_request
+    print(f"{label}: the cache holds what {remembered:.0f} requests bring, {remembered / rate_per_s:.0f} s of traffic")
+
+# %% [markdown]
+# A prefix comes back minutes after its last use (a user reading the answer and typing the next
+# turn), while one GPU's cache remembers well under a minute of this traffic: by the time the next
+# turn arrives, its conversation's blocks are gone. Mooncake's answer is the bet in its title,
+# *trading more storage for less computation*: a KV-cache pool in the CPU memory and SSDs of the whole
+# cluster, tens of millions of tokens, from which a prefill fetches its prefix instead of recomputing it.
+#
+# ## 10. Which block to evict? (exercise 4.7)
+#
+# Your pool evicts the block free the longest (LRU). Is that the best a cache can do on this traffic?
+# Two other classic policies:
+#
+# * **FIFO**: first cached, first evicted; a hit buys a block no time;
+# * **LFU** (least frequently used): keep the blocks shared most often, so a system prompt every
+#   request reads outlives one conversation's history.
+#
+# `kvcourse/eviction.py` makes a policy a **key**: a `RankedBlockPool` keeps the free blocks in your
+# free queue (so counts, `touch` and every check of lesson 03 still hold) and also in a heap ordered by
+# `eviction_key(block)`; `get_new_blocks` hands out the free block with the smallest key. The pool keeps
+# a clock and, per block, `freed_at` (when it last became free), `cached_at` (when it was published; 0
+# while it holds no prefix) and `num_shares` (prefix hits since it was handed out). `LRUBlockPool` is
+# written for you: its key is `freed_at`, and it hands out exactly what your `BlockPool` does.
+#
+# ### Exercise 4.7: the victim, and two policies
+#
+# Three contracts, in `kvcourse/eviction.py`:
+#
+# * `RankedBlockPool._pop_victim()`: the free block the heap ranks first. A heap cannot delete from
+#   its middle, so its entries go **stale** (the block was revived by a hit, or freed again since); a
+#   stale entry is thrown away when it reaches the top, so each entry is looked at once;
+# * `FIFOBlockPool.eviction_key`: the block published first goes first, however recently it was hit;
+# * `LFUBlockPool.eviction_key`: the block shared the fewest times goes first, LRU among equals.
+#
+# In both, a block that holds no cached prefix goes before any cached one: evicting it loses nothing.
+
+# %%
+check("4.7")
+
+# %% [markdown]
+# The three policies replay the chat trace at 1 and 10 million tokens: one GPU's worth, and where the
+# curve above climbs fastest, where the choice of victim matters most. Before you run it,
+# **predict**: at 1 million tokens, which policy serves the most prompt tokens from the cache: (a) LRU,
+# (b) FIFO, (c) LFU?
+
+# %%
+answer("4.e", None)
+
+# %%
+from kvcourse.eviction import POLICIES
+
+eviction_capacities = (10**6, 10**7)
+print(f"{'cache (tokens)':>15} " + " ".join(f"{policy:>7}" for policy in POLICIES))
+for capacity in eviction_capacities:
+    rates = [curves["conversation"][capacity]]  # LRU, your BlockPool: the curve above already replayed it
+    for pool in list(POLICIES.values())[1:]:
+        rates.append(replay(chat, chat_requests, capacity_blocks(capacity), pool_class=pool).hit_rate)
+    print(f"{capacity:>15,} " + " ".join(f"{rate:>7.1%}" for rate in rates))
+
+# %% [markdown]
+# No policy wins everywhere. At 1 million tokens LFU comes out ahead: a cache that remembers about
+# half a minute of traffic loses almost every conversation whatever it evicts, and what is left to win
+# are the blocks many requests share; LFU protects them, LRU evicts them whenever they go unused for
+# half a minute. At 10 million tokens LFU falls far behind. Its key puts every block just computed
+# (shared zero times) first in line, so a conversation's newest turn is evicted before anything that
+# was ever hit, though it is the prefix that conversation's next turn asks for; and a count never
+# decays, so blocks popular early in the hour stay. FIFO loses up to three points to LRU: it ignores what
+# a hit says, that a prefix is still in use. vLLM keeps LRU (its free queue, a request's tail first, as
+# you built). And what moves the curve most is capacity: a few points between policies at one size,
+# 24 points between 1 and 10 million tokens. `with_policy(KVCacheManager(...), FIFOBlockPool)` plugs a
+# policy into any manager; `python -m kvcourse.bench trace` runs the whole study.
 #
 # ## What you built
 #
@@ -603,6 +829,9 @@ plt.show()
 #   a finished request's tail before its head.
 # * Fork shares everything; copy-on-write copies only the block a writer shares, reported to the
 #   executor as `(src, dst)`.
+# * On one hour of real chat traffic your cache reproduces the Mooncake paper's curve: a GPU's worth
+#   of KV cache serves a small share of what could be reused; tens of millions of tokens serve nearly
+#   all of it. Eviction policies move the curve a little; capacity moves it a lot.
 #
 # Next, in **05 · Paged attention on GPT-2**, the block tables stop being bookkeeping: the attention
 # kernel reads keys and values through them.
