@@ -37,6 +37,8 @@ BOOK = ROOT / "book"
 OUT = ROOT / "build" / "site"
 STAGE = ROOT / "build" / "site-src"
 DOCTREES = ROOT / "build" / "site-doctrees"
+SITE_MARK = ".buildinfo"  # Sphinx writes it into every HTML build
+STAGE_MARK = ".kvcourse-site-sources"
 # README sections that become pages: (heading, page name).
 README_PAGES = (("Teaching a class", "teaching"), ("Serve it", "serve"))
 # What a page may not load from elsewhere: <script src>, <link href> (styles, fonts, icons), CSS url()/@import.
@@ -202,13 +204,25 @@ def toctree(caption: str, entries: list[str]) -> str:
     return f"```{{toctree}}\n:caption: {caption}\n:hidden:\n:maxdepth: 1\n\n{lines}\n```\n"
 
 
+def clear(folder: Path, mark: str) -> None:
+    """Empty a folder this script made before (it holds `mark`); refuse any other non-empty folder."""
+    if not folder.exists():
+        return
+    if not folder.is_dir() or (any(folder.iterdir()) and not (folder / mark).exists()):
+        raise SiteError(
+            f"{folder} exists and is not a site this script built (no {mark} in it): it is left alone. "
+            "Choose a new or empty folder with --out (its sources are staged beside it, in OUT-src)."
+        )
+    shutil.rmtree(folder)
+
+
 def stage(stage_dir: Path = STAGE) -> list[tuple[str, str]]:
     """Write every source of the site into `stage_dir`; return (page, title) in reading order."""
     readme = (ROOT / "README.md").read_text()
     notebooks = discover_notebooks()
-    if stage_dir.exists():
-        shutil.rmtree(stage_dir)
+    clear(stage_dir, STAGE_MARK)
     (stage_dir / "notebooks").mkdir(parents=True)
+    (stage_dir / STAGE_MARK).write_text("staged by scripts/build_site.py: rebuilt from scratch on every build\n")
     pages = [("index", "kvcourse")]
     for path in notebooks:
         pages.append((f"notebooks/{path.stem}", stage_notebook(path, stage_dir / "notebooks" / path.name)))
@@ -246,9 +260,8 @@ def external_assets(site: Path) -> list[str]:
 
 def build(out: Path = OUT, stage_dir: Path = STAGE, doctrees: Path = DOCTREES, jobs: str = "auto") -> Path:
     """Stage, run Sphinx (warnings shown, not fatal), check nothing loads from the network; the index page."""
+    clear(out, SITE_MARK)  # before staging: a refused folder stops the build before anything is written
     pages = stage(stage_dir)
-    if out.exists():
-        shutil.rmtree(out)
     # The configuration (and _static/) stays in book/, so conf.py reads this checkout's REPOSITORY.
     command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-j", jobs, "-c", str(BOOK), "-d", str(doctrees)]
     result = subprocess.run([*command, str(stage_dir), str(out)], cwd=ROOT, check=False)

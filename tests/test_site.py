@@ -548,3 +548,23 @@ def test_the_launch_buttons_follow_the_one_repository_address(monkeypatch) -> No
     assert options["repository_url"] == "https://github.com/another-org/another-course"
     assert options["launch_buttons"]["colab_url"] and options["launch_buttons"]["binderhub_url"]
     assert conf["nb_execution_mode"] == "off", "the site must show the stored outputs, never run the notebooks"
+
+
+def test_the_build_never_deletes_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    precious = tmp_path / "my-notes"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(build_site.SiteError, match="not a site this script built"):
+        build_site.build(out=precious, stage_dir=tmp_path / "src", doctrees=tmp_path / "doctrees")
+    assert (precious / "notes.txt").read_text() == "keep me" and not (tmp_path / "src").exists()
+    with pytest.raises(build_site.SiteError, match="not a site this script built"):
+        build_site.stage(precious)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_a_notebook_without_a_title_is_refused_in_words(tmp_path: Path) -> None:
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("no heading here")])
+    with pytest.raises(build_site.SiteError, match="has no '# title' heading"):
+        build_site.notebook_title(notebook, tmp_path / "07_x.ipynb")
