@@ -104,6 +104,19 @@ def expected_page(path: Path) -> NotebookPage:
 
 
 NOTEBOOKS = [expected_page(path) for path in build_site.discover_notebooks()]
+
+
+def _first_words(section: str, count: int = 8) -> str:
+    """The opening words of a README section as a page shows them (no Markdown marks)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", section.split("\n\n")[0])
+    return " ".join(re.sub(r"[`*_]", "", text).split()[:count])
+
+
+_README = (ROOT / "README.md").read_text()
+README_SECTIONS = {
+    name: (heading, _first_words(build_site.readme_section(_README, heading)))
+    for heading, name in build_site.README_PAGES
+}
 ORDER = ["index", *(nb.page for nb in NOTEBOOKS), *(name for _, name in build_site.README_PAGES)]
 
 
@@ -399,6 +412,12 @@ def test_every_page_of_the_site_in_chromium(site: Path) -> None:
                         page.screenshot(path=SCREENSHOTS / "03_page.png")
                 if name in ORDER:
                     check_prev_next(page, base_url, name)
+                if name in README_SECTIONS:  # the README's section, as the README says it today
+                    heading, first_words = README_SECTIONS[name]
+                    assert _plain(heading) in _plain(page.locator("article h1").first.inner_text())
+                    assert first_words in _plain(page.locator("article").first.inner_text()), (
+                        f"{name}: the page does not start as the README's '{heading}' section does: {first_words!r}"
+                    )
                 if name == "index":
                     table = page.locator("table a[href*='notebooks/']")
                     assert table.count() >= len(NOTEBOOKS), (
