@@ -67,8 +67,8 @@ import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, hint, solution, toy  # noqa: F401  (hint, solution: for you)
 from kvcourse.bench import serving
+from kvcourse.contract import MockKVCacheManager
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.kv_cache_interface import MockKVCacheManager
 from kvcourse.request import Request, RequestStatus
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy.arrivals import SimulatedClock, serve
@@ -364,7 +364,7 @@ reqs = toy.toy_requests([9, 5, 7], max_new_tokens=6, seed=1)
 for req in reqs:
     scheduler.add_request(req)
 batch = scheduler.schedule_next_batch()
-scheduler.update_from_output(batch, toy.ToyExecutor().execute(batch))
+scheduler.update_from_output(batch, toy.ToyExecutor(block_size=4).execute(batch))
 print(f"after one step: {scheduler.kv_cache_manager.get_num_free_blocks()} of 16 blocks free; {scheduler!r}")
 scheduler.finish_requests([0], RequestStatus.ABORTED, "client went away")
 print(f"R0 aborted:     {scheduler.kv_cache_manager.get_num_free_blocks()} of 16 blocks free; {scheduler!r}")
@@ -414,3 +414,45 @@ print("reset:", manager.reset_prefix_cache(), f"| now it finds {manager.get_comp
 # is one command: `python -m kvcourse.bench serving [--quick] [--json]`; its last line is a JSON object
 # with every figure, per rate and per policy, the device and the date. Notebook 08 puts this engine
 # behind an OpenAI-compatible server and measures the same TTFT and TPOT from real clients.
+
+# %% [markdown]
+# ## 11. Real arrivals: Mooncake's chat trace
+#
+# Every workload above was Poisson arrivals of made-up prompts. Notebook 04 replayed Mooncake's
+# production chat trace through your prefix cache in request order only; here it is **served**, with
+# its real arrival times, through your scheduler and your `KVCacheManager` with prefix caching, on the
+# simulated clock of GPT-2 small on a CPU. Scaled to fit (`serving.trace_arrivals`):
+#
+# * **time**: the first 600 requests (201 s of the trace), at the times they arrived (1 trace second
+#   = 1 simulated second);
+# * **length**: every length divided by 64. A 512-token block becomes a block of 8 toy tokens drawn
+#   from its hash id, so requests that share blocks in the trace share tokens here; outputs shrink by
+#   the same factor (at least one token); prompts are cut at 112 blocks (896 tokens), so that prompt
+#   and output fit GPT-2 small's 1,024 positions;
+# * **memory**: a block of 8 toy tokens stands for 512 real ones, so 3,800 blocks are 1.95 M real
+#   tokens, the KV cache of GPT-2 small on one 80 GB GPU (notebook 04), and 100,000 blocks are 51 M
+#   tokens, a cluster's KV pool in the spirit of Mooncake's.
+#
+# The executor is the paged toy model, which reads every token's "K/V" back through the block tables:
+# a wrong prefix hit would change the outputs, and the last column checks them all.
+
+# %%
+study = serving.trace_prefix_caching(num_requests=600)
+print(f"{study['truncated']} of {study['requests']} prompts cut at {serving.TRACE_MAX_BLOCKS} blocks")
+serving.print_trace_rows(study)
+off, gpu, pool = study["rows"]
+print(
+    f"one GPU's cache: {1 - gpu['tokens_fed'] / off['tokens_fed']:.0%} fewer tokens fed, "
+    f"median TTFT {off['ttft_p50']:.2f} s -> {gpu['ttft_p50']:.2f} s; "
+    f"the pool: {1 - pool['tokens_fed'] / off['tokens_fed']:.0%} fewer, {pool['ttft_p50']:.2f} s"
+)
+
+# %% [markdown]
+# A hit rate under 10% looks like little, yet the median TTFT falls by about half. At these arrival
+# times the engine runs near its knee (section 2): without caching, the median request waits over five
+# seconds for its first token, most of it in the queue, and every prefill token the cache saves
+# shortens the queue for everyone behind. The cluster-sized cache roughly doubles the hit rate and
+# cuts the tail further. Its 17% is still far below the 37% of notebook 04's curve: this window is
+# the trace's first three minutes, its cache starts cold, and a conversation's next turn comes back
+# minutes later. That is Mooncake's argument seen from the user's side: the prefix cache is worth
+# far more memory than one GPU has, because it buys back time to first token.
