@@ -12,6 +12,7 @@ any `ExecutorProtocol`: the toy model of notebooks 01-04 or GPT-2's `ModelRunner
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
@@ -184,12 +185,31 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def protocol_members(protocol: type) -> list[str]:
+    """The names a Protocol asks for, in the order it states them (attributes, then methods)."""
+    return list(dict.fromkeys(n for n in [*protocol.__annotations__, *vars(protocol)] if not n.startswith("_")))
+
+
+def describe_protocol(protocol: type) -> str:
+    """The contract in words, straight from the Protocol: each member, its signature and its one-line docstring."""
+    lines = [f"{protocol.__name__}: {inspect.getdoc(protocol).splitlines()[0]}"]
+    for name in protocol_members(protocol):
+        member = vars(protocol).get(name)
+        if member is None:  # an attribute
+            lines.append(f"  {name}: {protocol.__annotations__[name]}".replace("'", ""))
+            continue
+        function = member.fget if isinstance(member, property) else member
+        signature = str(inspect.signature(function)).replace("(self, ", "(").replace("(self)", "()").replace("'", "")
+        lines.append(f"  {name}{'' if isinstance(member, property) else signature}")
+        lines.append(f"      {inspect.getdoc(function).splitlines()[0]}")
+    return "\n".join(lines)
+
+
 def check_implements(obj: T, protocol: type, name: str) -> T:
     """`obj` if isinstance(obj, protocol) (a runtime-checkable Protocol), else a TypeError naming what it lacks."""
     if isinstance(obj, protocol):
         return obj
-    wanted = [n for n in [*protocol.__annotations__, *vars(protocol)] if not n.startswith("_")]
-    missing = sorted({n for n in wanted if not hasattr(obj, n)})
+    missing = [n for n in protocol_members(protocol) if not hasattr(obj, n)]
     raise TypeError(
         f"{name} {obj!r} lacks {', '.join(missing)} of {protocol.__name__}: pass a MockKVCacheManager or a "
         "KVCacheManager."

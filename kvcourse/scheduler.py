@@ -1,3 +1,4 @@
+# kvcourse/scheduler.py holds exercises 2.1-2.9, 7.1-7.4: write only inside their TODO regions (the rest is given).
 """The memory-aware StallFreeScheduler (exercises 2.1-2.9, 7.1-7.4): it plans each step and secures its KV memory.
 
 Policy lives here (who runs, who is preempted or rejected); mechanism in the KV-cache manager, reached

@@ -23,7 +23,7 @@ def _grade(*args: str, root: Path = ROOT) -> dict[str, dict]:
     """Run the grader in a fresh process (solutions switch off unless --solutions) and index by exercise."""
     env = {k: v for k, v in os.environ.items() if k != "KVCOURSE_SOLUTIONS"}
     done = subprocess.run(
-        [sys.executable, "-m", "kvcourse.grade", "--json", *args],
+        [sys.executable, "-m", "kvcourse", "grade", "--json", *args],
         cwd=root,
         env=env,
         capture_output=True,
@@ -35,7 +35,7 @@ def _grade(*args: str, root: Path = ROOT) -> dict[str, dict]:
 
 def test_stubs_match_solutions():
     stale = [str(p.relative_to(ROOT)) for p in stale_stubs()]
-    assert not stale, f"stubs out of date, run `python -m kvcourse.stubs`: {stale}"
+    assert not stale, f"stubs out of date, run `python -m kvcourse stubs`: {stale}"
 
 
 def test_learner_package_has_no_answers():

@@ -127,11 +127,11 @@ def test_an_older_stub_wording_is_not_a_learners_work() -> None:
 
 def test_stubs_command_refuses_to_overwrite_and_check_stays_green(clone: Path) -> None:
     before = memory_file(clone)
-    done = run(clone, sys.executable, "-m", "kvcourse.stubs")
+    done = run(clone, sys.executable, "-m", "kvcourse", "stubs")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "kvcourse/memory.py" in done.stdout and "0.1, 0.2" in done.stdout, done.stdout
     assert memory_file(clone) == before
-    checked = run(clone, sys.executable, "-m", "kvcourse.stubs", "--check")
+    checked = run(clone, sys.executable, "-m", "kvcourse", "stubs", "--check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert memory_file(clone) == before
 
@@ -139,20 +139,20 @@ def test_stubs_command_refuses_to_overwrite_and_check_stays_green(clone: Path) -
 def test_drift_check_is_green_for_a_learner_who_committed_their_work(clone: Path) -> None:
     git = ["git", "-c", "user.name=learner", "-c", "user.email=learner@example.com"]
     subprocess.run([*git, "commit", "-qam", "my answers"], cwd=clone, check=True, capture_output=True)
-    checked = run(clone, sys.executable, "-m", "kvcourse.stubs", "--check")
+    checked = run(clone, sys.executable, "-m", "kvcourse", "stubs", "--check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_drift_check_still_catches_a_stale_stub(clone: Path) -> None:
     solution = clone / "solutions" / "memory.py"
     solution.write_text(solution.read_text().replace("def max_sequences(", "def max_whole_sequences("))
-    checked = run(clone, sys.executable, "-m", "kvcourse.stubs", "--check")
+    checked = run(clone, sys.executable, "-m", "kvcourse", "stubs", "--check")
     assert checked.returncode == 1 and "kvcourse/memory.py" in checked.stdout, checked.stdout + checked.stderr
 
 
 def test_force_replaces_only_after_a_timestamped_copy(clone: Path) -> None:
     before = memory_file(clone)
-    done = run(clone, sys.executable, "-m", "kvcourse.stubs", "--force")
+    done = run(clone, sys.executable, "-m", "kvcourse", "stubs", "--force")
     assert done.returncode == 0, done.stdout + done.stderr
     copies = list((clone / "backups").glob("memory.py.*.bak"))
     assert len(copies) == 1 and copies[0].read_text() == before

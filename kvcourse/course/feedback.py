@@ -41,7 +41,7 @@ def _grade(exercise_ids: list[str]) -> list[dict]:
 
 def _grade_in_subprocess(exercise_ids: list[str]) -> list[dict]:
     """Run the grader in a fresh Python process (off Linux, or when the warm worker cannot start)."""
-    command = [sys.executable, "-m", "kvcourse.grade", "--json", *exercise_ids]
+    command = [sys.executable, "-m", "kvcourse", "grade", "--json", *exercise_ids]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     lines = done.stdout.strip().splitlines()
     if not lines or not lines[-1].startswith("{"):
@@ -107,7 +107,7 @@ def hint(exercise_id: str, level: int = 1) -> None:
 
 def solution(exercise_id: str) -> None:
     """Print the reference code for one exercise, from solutions/."""
-    from kvcourse.course.stubs import (  # imported late: `python -m kvcourse.stubs` must not find it loaded
+    from kvcourse.course.stubs import (  # imported late: `python -m kvcourse stubs` must not find it loaded
         BEGIN_MARK,
         END_MARK,
     )

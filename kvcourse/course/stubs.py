@@ -1,8 +1,8 @@
 """Generate the learner's stubs in kvcourse/ from the reference modules in solutions/, never over a learner's work.
 
-Usage:  python -m kvcourse.stubs          # write kvcourse/<module>.py from solutions/ (refuses over your exercises)
-        python -m kvcourse.stubs --force  # replace edited files too, after saving a timestamped copy in backups/
-        python -m kvcourse.stubs --check  # exit 1 if any stub is out of date
+Usage:  python -m kvcourse stubs          # write kvcourse/<module>.py from solutions/ (refuses over your exercises)
+        python -m kvcourse stubs --force  # replace edited files too, after saving a timestamped copy in backups/
+        python -m kvcourse stubs --check  # exit 1 if any stub is out of date
 
 A file whose exercise regions differ from the generated stub holds a learner's answers: it is left
 alone (the message names the file and the exercises) unless --force, which first copies it to
@@ -76,13 +76,35 @@ class Region:
     end: int
 
 
+def exercise_span(ids: list[str]) -> str:
+    """["2.1", "2.2", "2.3", "7.1"] -> "2.1-2.3, 7.1": consecutive exercises of a chapter as one range."""
+    runs: list[list[tuple[int, int]]] = []
+    for chapter, number in sorted({tuple(int(part) for part in i.split(".")) for i in ids}):
+        if runs and runs[-1][-1] == (chapter, number - 1):
+            runs[-1].append((chapter, number))
+        else:
+            runs.append([(chapter, number)])
+    name = "{}.{}".format
+    return ", ".join(name(*run[0]) + (f"-{name(*run[-1])}" if len(run) > 1 else "") for run in runs)
+
+
+def header(module: str, ids: list[str]) -> str:
+    """The stub's first line: which exercises the file holds, and that only their TODO regions are the learner's."""
+    several = len(set(ids)) > 1
+    return (
+        f"# kvcourse/{module}.py holds exercise{'s' * several} {exercise_span(ids)}: write only inside "
+        f"{'their' if several else 'its'} TODO region{'s' * (len(ids) > 1)} (the rest is given).\n"
+    )
+
+
 def generate(source: str, filename: str = "<solution>") -> tuple[str, list[Region]]:
-    """The stub text, and where each exercise's TODO + raise landed in it."""
+    """The stub text (opening with its header line), and where each exercise's TODO + raise landed in it."""
     lines = source.splitlines(keepends=True)
-    out: list[str] = []
+    module = Path(filename).stem
+    ids = [m["id"] for line in lines if (m := BEGIN.match(line))]
+    out: list[str] = [header(module, ids)] if ids else []
     regions: list[Region] = []
     region: tuple[int, str] | None = None  # (line number, exercise id) of the open BEGIN
-    module = Path(filename).stem
     for number, line in enumerate(lines, start=1):
         begin, end = BEGIN.match(line), END.match(line)
         if begin:
@@ -301,7 +323,7 @@ def write_stubs(force: bool = False) -> int:
             print(
                 f"NOT replaced: {name}: your code for exercise{'s' * (len(edited) > 1)} {', '.join(edited)} "
                 "differs from the stub. Nothing was changed. To restore one exercise: ./course reset ID; "
-                "to replace the whole file: python -m kvcourse.stubs --force (a copy goes to backups/ first)."
+                "to replace the whole file: python -m kvcourse stubs --force (a copy goes to backups/ first)."
             )
             continue
         if current is not None and current != committed_text(path):
@@ -313,7 +335,7 @@ def write_stubs(force: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or, with --check, verify) every stub."""
-    parser = argparse.ArgumentParser(prog="python -m kvcourse.stubs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kvcourse stubs", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stubs that are out of date")
     parser.add_argument(
         "--force", action="store_true", help="replace files holding your exercises too (a copy goes to backups/)"
@@ -322,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_stubs()
         for path in stale:
-            print(f"out of date: {path.relative_to(ROOT)} (run: python -m kvcourse.stubs)")
+            print(f"out of date: {path.relative_to(ROOT)} (run: python -m kvcourse stubs)")
         return 1 if stale else 0
     return write_stubs(force=args.force)
 

@@ -137,19 +137,23 @@ def engine_step_loop() -> None:
     phases = [
         (
             "1 schedule",
-            ["scheduler.schedule_next_batch()", "-> batch (may allocate blocks)", "empty: Deadlock"],
+            ["scheduler.schedule_next_batch()", "-> SchedulerOutput (blocks secured)", "empty: Deadlock"],
             "#fde2c8",
         ),
         (
             "2 execute",
-            ["block tables, read now", "before_execute(): block copies", "executor.execute(batch, tables)"],
+            ["executor.execute(scheduler_output)", "block copies first, then the model", "-> sampled tokens"],
             "#d5efd5",
         ),
-        ("3 update", ["scheduler.update_from_output(", "    batch, sampled)", "-> the finished requests"], "#cfe3f7"),
+        (
+            "3 update",
+            ["scheduler.update_from_output(", "    scheduler_output, sampled)", "-> the finished requests"],
+            "#cfe3f7",
+        ),
     ]
     for i, (title, lines, color) in enumerate(phases):
         _role_box(ax, 4.3 * i, 0.4, 3.3, 1.7, title, lines, color)
-    _labelled_arrow(ax, (3.35, 1.25), (4.25, 1.25), "batch")
+    _labelled_arrow(ax, (3.35, 1.25), (4.25, 1.25), "the plan")
     _labelled_arrow(ax, (7.65, 1.25), (8.55, 1.25), "sampled")
     _curved_arrow(ax, (10.2, 0.35), (1.6, 0.35), -0.15)
     _caption(ax, 5.9, -0.55, "next iteration (core.iteration + 1)")
