@@ -67,12 +67,12 @@ def test_too_small_budget_fits_none():
 @pytest.mark.ex0_2
 def test_the_count_is_a_whole_number():
     got = max_sequences(36_864 * 1024 * 4, seq_len=1024, bytes_per_token=36_864)
-    assert isinstance(got, int) and not isinstance(got, bool), (
-        "max_sequences should return a whole number (an int): true division gives a float such as 4.0"
+    assert type(got) is int, (
+        "max_sequences should return a whole number (a plain int): true division gives a float such as 4.0"
     )
 
 
 @pytest.mark.ex0_1
 def test_the_byte_count_is_an_int():
     got = kv_bytes_per_token(gpt2_config("gpt2"), torch.float32)
-    assert isinstance(got, int) and not isinstance(got, bool), "kv_bytes_per_token should return an int"
+    assert type(got) is int, "kv_bytes_per_token should return a plain int (not a bool or an int subclass)"
