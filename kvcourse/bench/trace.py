@@ -52,6 +52,10 @@ QUICK_CAPACITIES = (10**4, 10**5, 10**6, 3 * 10**6, 10**7, 5 * 10**7, 10**8, 10*
 EVICTION_CAPACITIES = (10**6, 3 * 10**6, 10**7)  # where the policies differ (larger caches hold almost everything)
 PAPER_CACHE_RATIO = {"conversation": 0.40, "synthetic": 0.66}  # the paper's Table 2 ("about 40%", 66%)
 CLOSE = 0.9  # "close to the maximum": at least 90% of it
+HIT_DEFINITION = (
+    "prefix-hit tokens over prompt tokens, request order only: 512 tokens per full block found in the cache at "
+    "admission (never the block of a prompt's last token), LRU eviction (a request's tail before its head)"
+)
 
 
 @dataclass
@@ -194,6 +198,7 @@ def run(quick: bool = False, *, reference: bool = False) -> dict:
         "quick": quick,
         "block_size": BLOCK_SIZE,
         "source": PROVENANCE,
+        "definition": HIT_DEFINITION,
         "traces": {name: study_trace(name, capacities) for name in ("conversation", "synthetic")},
     }
     try:
@@ -216,6 +221,7 @@ def report(result: dict) -> str:
         f"Mooncake traces through {result['manager']} on {result['device']}"
         f"{' (--quick)' if result['quick'] else ''}: theoretical prefix hit rate (request order only)",
         f"source: {result['source']}",
+        f"hit rate: {result['definition']}",
         f"{'cache (tokens)':>15}  " + "  ".join(f"{name:>12}" for name in names),
     ]
     for capacity in result["traces"][names[0]]["hit_rate"]:
