@@ -18,7 +18,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
-from kvcourse.kv_cache import BlockHash, BlockPool, KVCacheBlock, KVCacheManager
+from kvcourse.kv_cache import BlockPool, KVCacheManager
+from kvcourse.kv_cache_utils import BlockHash, KVCacheBlock
 
 
 class RankedBlockPool(BlockPool):
