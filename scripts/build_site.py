@@ -14,13 +14,13 @@ page loads a script, style or font from the network: everything comes from the i
 from __future__ import annotations
 
 import argparse
-import copy
 import html
 import re
 import shutil
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import nbformat
@@ -191,9 +191,14 @@ def stage_notebook(path: Path, target: Path) -> str:
     """Copy one notebook into the staging folder with its widgets drawn; return its title."""
     notebook = nbformat.read(path, as_version=4)
     title = notebook_title(notebook, path)
-    staged = copy.deepcopy(notebook)
-    render_widgets(staged)
-    nbformat.write(staged, target)
+    try:
+        render_widgets(notebook)
+    except (ValueError, KeyError, zlib.error) as error:
+        raise SiteError(
+            f"{path.name}: a block-table widget's stored frames cannot be read ({error!r}); "
+            f"re-execute it: python scripts/execute_notebooks.py {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
+        ) from error
+    nbformat.write(notebook, target)
     return title
 
 

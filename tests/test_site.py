@@ -587,3 +587,18 @@ def test_a_notebook_without_a_title_is_refused_in_words(tmp_path: Path) -> None:
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("no heading here")])
     with pytest.raises(build_site.SiteError, match="has no '# title' heading"):
         build_site.notebook_title(notebook, tmp_path / "07_x.ipynb")
+
+
+def test_unreadable_frames_are_refused_in_words(tmp_path: Path) -> None:
+    import nbformat
+
+    view = {"model_id": "m1", "version_major": 2, "version_minor": 0}
+    output = nbformat.v4.new_output("display_data", data={build_site.WIDGET_VIEW: view, "text/plain": "W"})
+    output.metadata["kvcourse"] = {"steps": 3, "frames_zlib": "bm90IHpsaWI="}  # base64 of 'not zlib'
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell("# 07 · A title"), nbformat.v4.new_code_cell("w", outputs=[output])]
+    )
+    path = tmp_path / "07_unreadable.ipynb"
+    nbformat.write(notebook, path)
+    with pytest.raises(build_site.SiteError, match=r"stored frames cannot be read.*re-execute it"):
+        build_site.stage_notebook(path, tmp_path / "out.ipynb")
