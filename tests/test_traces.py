@@ -227,3 +227,21 @@ def test_serving_the_trace_with_and_without_prefix_caching():
     assert large["tokens_fed"] < off["tokens_fed"], "prefix hits are tokens the model does not compute"
     assert all(row["outputs_correct"] for row in study["rows"]), "a wrong prefix hit would change the outputs"
     assert all(row["requests"] == 120 for row in study["rows"])
+
+
+@needs_reference
+def test_a_policy_goes_only_into_a_fresh_manager_and_survives_a_reset():
+    from kvcourse.eviction import FIFOBlockPool, with_policy
+    from kvcourse.kv_cache import KVCacheManager
+    from kvcourse.request import Request
+
+    manager = with_policy(KVCacheManager(8, 2, enable_prefix_caching=True), FIFOBlockPool)
+    request = Request(0, [1, 2, 3, 4, 5], 1)
+    manager.allocate_slots(request, 5)
+    with pytest.raises(ValueError, match="FRESH manager"):
+        with_policy(manager, FIFOBlockPool)
+    manager.free(request)
+    assert manager.block_pool.get_num_cached_blocks() == 2 and manager.reset_prefix_cache()
+    pool = manager.block_pool
+    assert pool.cached_at == [0] * 8 and len(pool.free_heap) == 8, "after a reset every free block is ranked afresh"
+    assert len(pool.get_new_blocks(8)) == 8 and pool.free_heap == []
