@@ -132,15 +132,12 @@ diagrams.engine_step_loop()
 # %% [markdown]
 # ### Exercise 1.1: the engine's step
 #
-# Write `engine_step(core)` in `kvcourse/step.py`. Its comment is the contract: one plan, that batch
-# run, exactly its tokens handed back, and the update's answer (the finished requests) returned; each
-# call inside its own `core.phase(...)`; an empty plan is a `Deadlock`, not an endless loop. Two details
-# decide whether a
-# real engine works. The executor needs each request's **block table** (which KV blocks hold its
-# tokens): when does a decode that just crossed a block boundary get its new block? And notebook 04's
-# copy-on-write copies (`core.before_execute()`) must land after planning and before the model reads
-# the cache. The memory-blind scheduler of this notebook has no KV-cache manager yet
-# (`scheduler.kv_cache_manager is None`): then there are no block tables to give.
+# Write `engine_step(core)` in `kvcourse/step.py`. Its comment is the contract: one plan (the
+# scheduler's `SchedulerOutput`), that plan run whole by the executor, exactly its tokens handed back to
+# the update, and the update's answer (the finished requests) returned; each call inside its own
+# `core.phase(...)`; an empty plan is a `Deadlock`, not an endless loop. Everything the executor needs
+# travels in the plan: the tokens and positions, each request's block table, the block copies to make
+# first (notebook 04), so the step never goes back to ask the KV-cache manager.
 
 # %%
 check("1.1")

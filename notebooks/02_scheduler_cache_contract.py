@@ -20,13 +20,13 @@
 #
 # | exercise | what you write | minutes |
 # |---|---|---|
-# | 2.1 | describe a chunk; allocate a slot for each decode | 15 |
-# | 2.2 | allocate prefill chunks, for running and for newly admitted requests | 15 |
+# | 2.1 | describe a chunk, and put it in the step's plan once its memory is secured | 10 |
+# | 2.2 | admit a waiting request with its first chunk (allocate before admitting) | 15 |
 # | 2.3 | free a request's blocks when it completes | 5 |
 # | 2.4 | plan one step: decodes, the prefill in progress, then admissions | 20 |
 # | 2.5 | take the step's results in (`update_from_output`) | 15 |
 # | 2.6 | first-come, first-served admission | 10 |
-# | 2.7 | preempt the newest request (by recompute) | 10 |
+# | 2.7 | choose the victim of a preemption: the newest request | 5 |
 # | 2.8 | preempt until it fits | 10 |
 # | 2.9 | reject a request that could never fit | 10 |
 #
@@ -71,10 +71,10 @@ from collections import deque
 import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, hint, solution, toy, viz  # noqa: F401  (hint, solution: for you)
-from kvcourse.contract import KVCacheBlocks, MockKVCacheManager
+from kvcourse.contract import KVCacheBlocks, KVCacheManagerProtocol, MockKVCacheManager, describe_protocol
 from kvcourse.models import LESSON_PROMPTS, load_tokenizer
 from kvcourse.request import Request
-from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
+from kvcourse.scheduler import ScheduledSequence, SchedulerOutput, StallFreeScheduler
 from kvcourse.viz import diagrams
 
 # %% [markdown]
@@ -146,23 +146,30 @@ print(KVCacheBlocks([7, 1, 4]), "->", KVCacheBlocks([7, 1, 4]).get_block_ids())
 diagrams.block_table([7, 1, 4], num_tokens=10, block_size=4, pool=10)
 
 # %% [markdown]
-# ## 3. The contract: four methods (and two helpers)
+# ## 3. The contract
 #
-# | method | who calls it, when | what it promises |
-# |---|---|---|
-# | `get_num_free_blocks() -> int` | the scheduler, to look before it plans | how many blocks could be handed out now |
-# | `can_allocate(request, n) -> bool` | the scheduler, to ask without committing | whether `allocate_slots(request, n)` would succeed |
-# | `allocate_slots(request, n, num_new_computed_tokens=0, new_computed_blocks=None)` | the scheduler, **before** it schedules `n` tokens of `request` | room for `num_computed_tokens + num_new_computed_tokens + n` tokens, **all or nothing**: a `KVCacheBlocks` handle with the newly added blocks, or `None` and nothing changed |
-# | `free(request)` | the scheduler, when a request completes or is preempted | all its blocks go back; freeing an unknown request does nothing |
-# | `get_block_ids(request)` | the executor (through the engine) | the request's block table |
-# | `get_computed_blocks(request)` | the scheduler, at admission | prefix-cache hits: blocks that already hold the start of the prompt, and how many tokens (always none for the mock; notebook 04 makes them real) |
+# The contract is written once, as a Protocol (`kvcourse/contract.py`): the scheduler accepts any manager
+# that is an instance of it (`isinstance(manager, KVCacheManagerProtocol)`), the mock of this notebook and
+# the paged manager of notebook 03 alike. Here it is, read from the Protocol itself:
+
+# %%
+print(describe_protocol(KVCacheManagerProtocol))
+print("\nthe mock keeps it:", isinstance(MockKVCacheManager(num_blocks=4, block_size=4), KVCacheManagerProtocol))
+
+# %% [markdown]
+# The scheduler calls `allocate_slots` **before** it plans `n` tokens of a request, `free` when a request
+# completes or is preempted, and `get_computed_blocks` when it admits one (prefix-cache hits: always none
+# for the mock; notebook 04 makes them real). The executor never asks the manager anything: the
+# scheduler hands it each request's block table, and the block copies to make (notebook 04), in the
+# step's plan.
 #
 # `allocate_slots` is the heart of it. The blocks a request needs after a step are
 # `ceil((num_computed_tokens + n) / block_size)`; it already holds some; the difference (never below
 # zero) must come from the free pool. If the pool is short, the answer is `None`, and the scheduler
-# must not schedule those tokens. Because the call is all or nothing, the scheduler can simply try it:
-# asking `can_allocate` first would do the same arithmetic twice (it is there for code that wants to
-# look without committing).
+# must not schedule those tokens. Because the call is all or nothing, the scheduler simply tries it
+# (as vLLM v1's does): the source lesson's "check `can_allocate`, then `allocate_slots`" would do the same
+# arithmetic twice, and is not the scheduler's question. `can_allocate` stays in the contract for code
+# that wants to look without taking (a widget, a test, an admission policy that only peeks).
 
 # %% [markdown]
 # ## 4. The mock manager
@@ -176,7 +183,7 @@ manager = MockKVCacheManager(num_blocks=8, block_size=4, verbose=True)
 request = Request(id=0, prompt_tokens=list(range(1, 7)), max_new_tokens=4)  # 6 prompt tokens
 
 blocks = manager.allocate_slots(request, 6)  # the whole prompt: ceil(6/4) = 2 blocks
-request.num_computed_tokens += 6  # the scheduler advances this once it schedules them
+request.num_computed_tokens += 6  # the scheduler applies this once the step's plan is made
 print("handle:", blocks, "| block table:", manager.get_block_ids(request))
 
 for token in (7, 8, 9):  # one decode at a time
@@ -264,22 +271,41 @@ for decode in range(1, 21):
 #   running request that gets no memory may take it from a younger one (preemption, section 7); a
 #   newcomer never takes memory from anyone, and a step that had to preempt admits nobody.
 #
+# One call of `schedule_next_batch()` returns the step's **plan**, a `SchedulerOutput` (vLLM's name; in
+# `kvcourse/sched_output.py`): the scheduled sequences (tokens, first position, whether each samples),
+# `num_scheduled_tokens` per request, each request's block ids and the ones new this step, the block
+# copies to make first, and who was preempted. The source lesson's loop still reads it as a batch:
+# `if not batch`, `len(batch)` and `for seq in batch` go over the scheduled sequences. The executor takes
+# the plan whole, and `update_from_output(scheduler_output, sampled)` closes the step with it.
+#
 # The bookkeeping rules that the executor and the rest of the course rely on:
 #
-# * **`num_computed_tokens` advances when a chunk is scheduled**, right after `allocate_slots`
-#   succeeded for it (the executor writes those K/V in this very step). So `allocate_slots` always
-#   sees the value *before* the step.
-# * **Positions come from `num_computed_tokens`**: a chunk starts at the number of tokens already
-#   cached, and its tokens are `all_token_ids[start:start + n]`.
+# * **Plan, then apply.** While the step is being planned, `num_computed_tokens` does not move: each
+#   chunk starts at the number of tokens already cached, and its tokens are `all_token_ids[start:start
+#   + n]`. When planning is done, each planned request's `num_computed_tokens` grows by its
+#   `num_scheduled_tokens`, once (vLLM's `_update_after_schedule`). A request preempted later in the same
+#   step leaves the plan, and its tokens go back to the budget.
 # * **The chunk that reaches `num_tokens` samples a token** (`ScheduledSequence.samples_token`): the
 #   last prefill chunk samples the first output token, and every decode samples the next one.
+#
+# The names, once: the source lesson's where it has them, vLLM v1's everywhere else.
+#
+# | this course (the lesson's names) | vLLM v1 (`vllm/v1/core/sched/`, `vllm/v1/core/kv_cache_manager.py`) |
+# |---|---|
+# | `StallFreeScheduler` | `Scheduler` |
+# | `schedule_next_batch()` | `Scheduler.schedule()` |
+# | `active_pool` / `waiting_queue` | `Scheduler.running` / `Scheduler.waiting` |
+# | `tokens_processed` (also `num_computed_tokens`) | `Request.num_computed_tokens` |
+# | `ScheduledSequence` (one per scheduled request) | `NewRequestData` / `CachedRequestData` entries |
+# | `SchedulerOutput`, `num_scheduled_tokens`, `finished_req_ids` | the same names |
+# | `_update_after_schedule`, `update_from_output`, `finish_requests` | the same names |
+# | `KVCacheBlocks`, `allocate_slots`, `get_computed_blocks`, `free` | the same names |
 #
 # Each exercise's comment in `kvcourse/scheduler.py` states its **contract**: what must be true when
 # your code returns, and which helpers exist. Design the code yourself; `hint("2.1")` nudges,
 # `hint("2.1", level=2)` gives the approach in words, and `solution("2.1")` shows the reference. The
-# small helpers are exercises too: `_advance(request, n, is_decode)`, which describes the next `n` tokens
-# as a `ScheduledSequence` and counts them as computed, is part of 2.1; the budget arithmetic
-# (`_budget_left`, `_has_room`) and `_is_prefilling` are part of 2.4; `_running(request_id)` of 2.5.
+# small helpers are exercises too: the budget arithmetic (`_budget_left`, `_has_room`) and
+# `_is_prefilling` are part of 2.4, `_running(request_id)` of 2.5.
 #
 # The first three exercises are the source lesson's own three TODOs, each in a method of its own. Until
 # `schedule_next_batch` exists (Exercise 2.4), the demos call those methods directly, and put requests
@@ -329,17 +355,15 @@ except ValueError as error:
 # **The fix** is in the contract: the chunk that completes the prompt samples the first output token,
 # a decode feeds the newest sampled token, and every position starts at `num_computed_tokens`.
 #
-# ### Exercise 2.1: describe a chunk; allocate each decode
+# ### Exercise 2.1: describe a chunk, and plan it
 #
-# First `StallFreeScheduler._advance(request, n, is_decode)`, in `kvcourse/scheduler.py`: called once the
-# memory for the request's next `n` tokens is secured, it returns their `ScheduledSequence` (which
-# tokens, from which position, whether the chunk samples) and counts them as computed. Then
-# `_schedule_decode(request)`. The request is
-# running and past its prefill: only its newest token is not cached. The method returns the decode of
-# that token, or `None` when no memory could be made for it, and it never schedules a token whose KV
-# memory is not secured. Memory for a running request comes from `self._allocate_or_preempt(request, n)`,
-# the one place that decides who steps back when memory is short (you write its inside in Exercise 2.8;
-# when there is room it already works). One token may or may not need a new block: which is it here?
+# Two pieces, in `kvcourse/scheduler.py`. `StallFreeScheduler._new_sequence(request, n)` returns the
+# `ScheduledSequence` of the request's next `n` tokens (which tokens, from which position, whether it is a
+# decode, whether the chunk samples), and changes nothing. And the end of `_schedule_running(request, n,
+# output)`: that method gets the memory for a running request's next `n` tokens first
+# (`allocate_slots`, and preemption when memory is short: Exercise 2.8); your part puts the sequence into
+# the step's plan with the ids of the blocks `allocate_slots` just added (`output.add(sequence,
+# block_ids)`). One token may or may not need a new block: which is it here?
 
 # %%
 check("2.1")
@@ -350,9 +374,14 @@ request = Request(id=0, prompt_tokens=list(range(1, 8)), max_new_tokens=5, outpu
 scheduler.kv_cache_manager.allocate_slots(request, 7)  # the prompt is cached: 7 tokens in 2 blocks
 request.num_computed_tokens = 7
 scheduler.active_pool[request.id] = request
-print(scheduler._schedule_decode(request), "| blocks:", scheduler.kv_cache_manager.get_block_ids(request))
-request.output_tokens.append(43)
-print(scheduler._schedule_decode(request), "| blocks:", scheduler.kv_cache_manager.get_block_ids(request))
+for _ in range(2):
+    output = SchedulerOutput(block_ids={})
+    scheduler._schedule_running(request, 1, output)
+    print(
+        output[0], "| new blocks:", output.new_block_ids, "| table:", scheduler.kv_cache_manager.get_block_ids(request)
+    )
+    request.num_computed_tokens += 1  # what applying the plan does
+    request.output_tokens.append(43)
 
 
 # %% [markdown]
@@ -383,22 +412,16 @@ print("waiting:", [r.id for r in waiting_queue], "| running:", list(active_pool)
 # will ever say so. Request 2 is in both, so it would be admitted twice. Keep that in mind for the
 # next exercise: whatever request you admit is the one that must leave the queue.
 #
-# ### Exercise 2.2: allocate prefill chunks
+# ### Exercise 2.2: admit a waiting request
 #
-# Two methods, both in `kvcourse/scheduler.py`:
-#
-# * `_schedule_prefill_chunk(request, token_budget_left)`, for a **running** request whose tokens are
-#   not all cached (a long prompt in chunks, or a recompute after preemption): it returns the next
-#   chunk, as long as the budget allows, or `None` when no memory could be made. As in 2.1, memory
-#   comes first, and from `_allocate_or_preempt`.
-# * `_admit(request, token_budget_left)`, for a **waiting** request: the manager's
-#   `get_computed_blocks(request)` may report a cached prefix (prefix-cache hits; none with the mock),
-#   and the first chunk is what comes after it. `allocate_slots` counts from the request's
-#   `num_computed_tokens`, which still says 0 when you call it: the hits reach it as its
-#   `num_new_computed_tokens` and `new_computed_blocks`, so they count once. A newcomer preempts nobody:
-#   when `allocate_slots` says no, `_admit` returns `None` and nothing has changed. On success, **this**
-#   request has left the queue, is `RUNNING`, is the newest entry of `active_pool`, and counts its cached
-#   prefix and its first chunk as computed.
+# `_admit(request, token_budget_left, output)`, in `kvcourse/scheduler.py`, for a **waiting** request: the
+# manager's `get_computed_blocks(request)` may report a cached prefix (prefix-cache hits; none with the
+# mock), and the first chunk is what comes after it, as much as the budget allows. `allocate_slots`
+# counts from the request's `num_computed_tokens`, which still says 0 when you call it: the hits reach it
+# as its `num_new_computed_tokens` and `new_computed_blocks`, so they count once. A newcomer preempts
+# nobody: when `allocate_slots` says no, `_admit` returns `False` and nothing has changed. On success it
+# returns `True`: **this** request has left the queue, is `RUNNING`, is the newest entry of
+# `active_pool`, counts its cached prefix as computed, and its first chunk is in the plan.
 
 # %%
 check("2.2")
@@ -414,8 +437,9 @@ scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manag
 big = Request(id=1, prompt_tokens=list(range(14)), max_new_tokens=4)
 small = Request(id=2, prompt_tokens=list(range(6)), max_new_tokens=4)
 enqueue(scheduler, big, small)
-print("admit request 1:", scheduler._admit(big, 64))
-print("admit request 2:", scheduler._admit(small, 64))
+output = SchedulerOutput(block_ids={})
+print("admit request 1:", scheduler._admit(big, 64, output))
+print("admit request 2:", scheduler._admit(small, 64, output), "| planned:", list(output))
 print("waiting:", [r.id for r in scheduler.waiting_queue], "| running:", list(scheduler.active_pool))
 
 # %% [markdown]
@@ -433,15 +457,14 @@ check("2.3")
 # %% [markdown]
 # ### Exercise 2.4: plan one step
 #
-# Now the step itself. `schedule_next_batch()` is written: it calls `_plan_batch()` and returns the plan.
-# You write `_plan_batch()` and its first two passes, `_schedule_decodes(batch)` and
-# `_schedule_prefill_in_progress(batch)`, built on your 2.1 and 2.2 (the third pass, `_admit_waiting`, is
-# Exercise 2.6; until then the check stands in for it). The contract is the list at the top of this
-# section: order, limits, memory first. Two details decide whether your step is right:
-#
-# * a decode may preempt a younger running request; that request must then get nothing in this step;
-# * a step in which anyone was preempted (`self.num_preemptions` grew) must not call
-#   `self._admit_waiting(batch)`: the memory just freed is for the requests already running.
+# Now the step itself. `schedule_next_batch()` starts an empty `SchedulerOutput` and ends by applying it
+# (that part is written). You write its first passes over the running requests: a decode for every
+# request past its prefill, oldest admission first, then the next chunk of the oldest request still
+# prefilling, each through `self._schedule_running(request, n, output)`, which secures the memory
+# (your 2.1). The admissions after them are Exercise 2.6; until then the check keeps the waiting queue
+# empty. The contract is the list at the top of this section: order, limits, memory first. One detail
+# decides whether your step is right: a decode may preempt a younger running request; that request
+# must then get nothing in this step.
 
 # %%
 check("2.4")
@@ -449,8 +472,8 @@ check("2.4")
 # %% [markdown]
 # ### Exercise 2.5: take the step's results in
 #
-# After the executor ran the batch, `update_from_output(batch, sampled_token_ids)` receives one sampled
-# token per sequence whose `samples_token` is true. Write it: each such request gets its token appended;
+# After the executor ran the plan, `update_from_output(scheduler_output, sampled_token_ids)` receives one
+# sampled token per sequence whose `samples_token` is true. Write it: each such request gets its token appended;
 # a chunk that does not reach the end of its prompt samples nothing; every request that is now complete
 # is finished (your 2.3); the method returns the requests it finished. A sequence that should have sampled
 # but got no token is a `ValueError` that names the request.
@@ -472,15 +495,13 @@ check("2.5")
 
 # %%
 class SkipAheadScheduler(StallFreeScheduler):
-    """Admission that skips a waiting request that does not fit and admits the ones behind it."""
+    """Admission that skips a waiting request that does not fit and admits the first one behind it that does."""
 
-    def _admit_waiting(self, batch):
-        for request in list(self.waiting_queue):
-            if not self._has_room(batch) or len(self.active_pool) >= self.max_batch_size:
-                return
-            sequence = self._admit(request, self._budget_left(batch))
-            if sequence is not None:
-                batch.append(sequence)
+    def _admit(self, request, token_budget_left, output):
+        for candidate in list(self.waiting_queue):  # noqa: SIM110 (super() needs a loop, not a generator)
+            if super()._admit(candidate, token_budget_left, output):
+                return True
+        return False
 
 
 def steady_stream(scheduler_class, arrival_steps=150):
@@ -530,9 +551,11 @@ plt.show()
 #
 # ### Exercise 2.6: first-come, first-served admission
 #
-# Write `_admit_waiting(batch)`: it appends the first chunk of each request it admits (your `_admit`), in
-# queue order, while the batch has room and fewer than `max_batch_size` requests are running, and it
-# stops at the first request that cannot be admitted: nobody behind it may go first.
+# Write the admissions at the end of `schedule_next_batch()`: they admit waiting requests (your `_admit`),
+# in queue order, while the plan has room and fewer than `max_batch_size` requests are running, and they
+# stop at the first request that cannot be admitted: nobody behind it may go first. And a step in which
+# anyone was preempted (`output.preempted_req_ids`) admits nobody: the memory just freed is for the
+# requests already running.
 
 # %%
 check("2.6")
@@ -617,8 +640,11 @@ def tight_workload():
 class SkippingScheduler(StallFreeScheduler):
     """The source lesson's policy: a running request that gets no block waits for the next step."""
 
-    def _allocate_or_preempt(self, request, num_new_tokens):
-        return self.kv_cache_manager.allocate_slots(request, num_new_tokens) is not None
+    def _schedule_running(self, request, num_new_tokens, output):
+        new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+        if new_blocks is not None:  # no room: skip it this step, and hope
+            output.add(self._new_sequence(request, num_new_tokens), new_blocks.get_block_ids())
+        return new_blocks is not None
 
 
 scheduler = SkippingScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=MockKVCacheManager(**TIGHT_CACHE))
@@ -635,19 +661,17 @@ except toy.Deadlock as stall:
 # none of them will ever finish to give one back. Waiting does not help: the scheduler must **take**
 # memory from someone.
 #
-# ### Exercise 2.7: preempt the newest (by recompute)
+# ### Exercise 2.7: choose the victim, the newest
 #
 # vLLM's answer is **preemption by recompute**: pick a victim, free all its blocks, and put it back at
 # the **head** of the waiting queue. Its generated tokens are kept; when it is admitted again, its
 # prefill recomputes the K/V of the prompt *and* of those tokens (`all_token_ids`), and it continues
-# exactly where it stopped. The victim is the **most recently admitted** running request: under
-# first-come, first-served it has the lowest priority, and since the oldest request is never the
-# victim of a younger one, it always makes progress, so the run always ends.
+# exactly where it stopped. The release is written once, for every policy: `_preempt(victim)` (read it
+# in `kvcourse/scheduler.py`). The policy is which request to release: under first-come, first-served
+# it is the **most recently admitted** running request, the lowest priority; since the oldest request
+# is never the victim of a younger one, it always makes progress, so the run always ends.
 #
-# Write `_preempt_most_recent()`. It returns the victim; afterwards the victim is no longer running, its
-# blocks are back with the manager, nothing of it counts as cached but its output tokens are kept, it
-# is `PREEMPTED`, its own and the scheduler's preemption counts have grown by one, and it waits at the
-# head of the queue, ahead of requests that never ran.
+# Write the choice in `_preempt_most_recent()`, and release the victim with `self._preempt(victim)`.
 
 # %%
 check("2.7")
@@ -655,14 +679,15 @@ check("2.7")
 # %% [markdown]
 # ### Exercise 2.8: preempt until it fits
 #
-# `_allocate_or_preempt(request, n)` is where 2.1 and 2.2 get their memory. When `allocate_slots`
-# succeeds at the first try, it returns `True` (that part is written). Write the rest, for when memory
-# is short: preempt, newest first, as few requests as needed until `allocate_slots` succeeds (return
-# `True`; one victim may free too little). Ask for each victim with `self._preempt_victim()`: under first
-# come, first served it calls your `_preempt_most_recent()` (notebook 07 adds other policies). When the
-# request itself turns out to be the newest, it steps back (return `False`): it is then preempted and
-# waits at the head of the queue. Nobody older than the request is ever preempted for it, and the loop
-# always ends.
+# `_schedule_running(request, n, output)` is where every running request gets its memory. When
+# `allocate_slots` succeeds at the first try, the plan takes the sequence (your 2.1). Write the middle,
+# for when memory is short: preempt, one victim at a time, as few requests as needed, until
+# `allocate_slots` succeeds (one victim may free too little). Ask for each victim with
+# `self._preempt_victim(output)`: it preempts by the scheduler's policy (under first come, first served
+# your 2.7; notebook 07 adds others), takes the victim out of the plan, and returns it. When the request
+# itself turns out to be the victim, it steps back (return `False`): it is then preempted and waits at
+# the head of the queue. Nobody older than the request is ever preempted for it, and the loop always
+# ends.
 
 # %%
 check("2.8")
@@ -762,10 +787,11 @@ for request in requests:
 # ## Takeaways
 #
 # * **Policy and mechanism.** The scheduler decides who runs; the KV-cache manager decides where their
-#   keys and values live. They meet in a small contract: `allocate_slots` (all or nothing, `None` on
-#   failure), `free`, `get_num_free_blocks`, `can_allocate`, plus the block tables for the executor.
-# * **No token without memory.** Every scheduled token was allocated first; `num_computed_tokens`
-#   advances with it, positions follow from it, and the chunk that reaches the end samples.
+#   keys and values live. They meet in a small contract, one Protocol: `allocate_slots` (all or nothing,
+#   `None` on failure), `free`, `get_computed_blocks`, `get_num_free_blocks`, and a few more.
+# * **No token without memory, one plan per step.** Every planned token was allocated first; the plan
+#   (`SchedulerOutput`) carries everything the executor needs; `num_computed_tokens` moves once, after
+#   planning; positions follow from it, and the chunk that reaches the end samples.
 # * **Failure is policy too.** A failed allocation is not an error: a newcomer waits, and so does
 #   everyone behind it (first come, first served: skipping ahead starves large requests); a running
 #   request preempts the most recently admitted one, the lowest priority (recompute, nothing lost); and

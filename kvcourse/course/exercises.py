@@ -270,7 +270,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=15,
         hint="Two places decide who goes first: where a request enters the waiting queue, and who steps back when memory is short. Both compare the same key, (priority, arrival_time); which end of it is 'least urgent'?",
-        approach="_insert_by_priority: walk the queue and insert the request before the first one whose (priority, arrival_time) is strictly larger; if there is none, append (equal keys stay first come, first served). _preempt_lowest_priority: the victim is the running request with the largest (priority, arrival_time), taking the most recently admitted among exact ties (search the running set from its newest end); then do what Exercise 2.7 does, except that the victim goes back through _insert_by_priority instead of to the head of the queue.",
+        approach="_insert_by_priority: walk the queue and insert the request before the first one whose (priority, arrival_time) is strictly larger; if there is none, append (equal keys stay first come, first served). _preempt_lowest_priority: the victim is the running request with the largest (priority, arrival_time), taking the most recently admitted among exact ties (search the running set from its newest end); then return self._preempt(victim), the given release (under this policy it re-queues the victim through _insert_by_priority).",
     ),
     Exercise(
         id="7.2",
