@@ -9,7 +9,8 @@
 # arrive as a list: they open connections, one at a time, whenever they like, and some of them hang up
 # halfway. This capstone puts your engine behind the same kind of server vLLM runs (`vllm serve`):
 #
-# - an **OpenAI-compatible API** (`POST /v1/completions`), so the official `openai` client talks to it;
+# - an **OpenAI-compatible API** (`POST /v1/completions`), so the official `openai` client talks to it,
+#   with the parameters real tools send: `temperature`, `top_p`, `seed`, `n`, `stop`, `logprobs`...;
 # - **streaming**: each token leaves as a server-sent event the step it is sampled;
 # - **one engine loop** that steps while any request is unfinished: continuous batching, now with
 #   requests that come and go while it runs;
@@ -17,7 +18,7 @@
 #
 # Nothing to fill in: the server (`kvcourse/serve/`) drives *your* `scheduler.py`, `kv_cache.py`,
 # `attention.py` and `model_runner.py`. If they pass their checks, everything below works; if one does
-# not, this is where you will see it under real load. Four times you are asked to **predict** before the
+# not, this is where you will see it under real load. Six times you are asked to **predict** before the
 # cell that shows the answer: `answer("8.a", None)` says what is asked; replace `None` with your guess
 # and run it (it is graded on the scoreboard, beside the exercises).
 
@@ -49,6 +50,7 @@ if IN_COLAB:
 # %autoreload 2
 
 # %%
+import json
 import threading
 import time
 
@@ -66,7 +68,7 @@ from kvcourse.serve import ServerThread, build_app
 from kvcourse.serve.blocks import snapshot_from_json, take_snapshot
 from kvcourse.serve.detokenize import decode
 from kvcourse.serve.loadgen import format_summary, request_times, run_load, summarize
-from kvcourse.serve.metrics import parse_metrics
+from kvcourse.serve.metrics import metric, parse_metrics
 from kvcourse.viz.widgets import BlockTableWidget, render_html
 
 torch.set_num_threads(1)  # the tiny model's matrices are small: one thread is fastest on a shared CPU
@@ -106,16 +108,22 @@ print("health:", {k: v for k, v in httpx.get(server.url + "/health").json().item
 # %% [markdown]
 # ## 2. One client, one request
 #
-# The official `openai` package, pointed at our server. Decoding is greedy, so the answer must be
-# exactly what Hugging Face's `generate` gives for this prompt alone; `return_token_ids` (a vLLM extra
-# field) lets us compare token ids, not only text. The tiny model has random weights, so the text is
-# gibberish, but it is *reproducible* gibberish. `ignore_eos` keeps going past end-of-text, as
-# benchmarks do; without it, generation stops at `<|endoftext|>` with `finish_reason="stop"`.
+# The official `openai` package, pointed at our server. Like OpenAI's API (and vLLM), the server
+# *samples* at temperature 1 when a request says nothing; `temperature=0` asks for greedy decoding, and
+# then the answer must be exactly what Hugging Face's `generate` gives for this prompt alone.
+# `return_token_ids` (a vLLM extra field) lets us compare token ids, not only text. The tiny model has
+# random weights, so the text is gibberish, but it is *reproducible* gibberish. `ignore_eos` keeps
+# going past end-of-text, as benchmarks do; without it, generation stops at `<|endoftext|>` with
+# `finish_reason="stop"`.
 
 # %%
 prompt = "The KV cache of a serving engine"
 reply = client.completions.create(
-    model="tiny", prompt=prompt, max_tokens=12, extra_body={"ignore_eos": True, "return_token_ids": True}
+    model="tiny",
+    prompt=prompt,
+    max_tokens=12,
+    temperature=0,
+    extra_body={"ignore_eos": True, "return_token_ids": True},
 )
 choice = reply.choices[0]
 expected = hf_greedy(engine.model, engine.tokenizer.encode(prompt), 12)
@@ -132,7 +140,12 @@ print("text equals the decoded HF tokens:", choice.text == decode(engine.tokeniz
 
 # %%
 stream = client.completions.create(
-    model="tiny", prompt=prompt, max_tokens=8, stream=True, extra_body={"ignore_eos": True, "return_token_ids": True}
+    model="tiny",
+    prompt=prompt,
+    max_tokens=8,
+    temperature=0,
+    stream=True,
+    extra_body={"ignore_eos": True, "return_token_ids": True},
 )
 for chunk in stream:
     c = chunk.choices[0]
@@ -142,7 +155,7 @@ for chunk in stream:
 # On the wire that is plain server-sent events, one `data:` line per chunk, and `data: [DONE]` at the end:
 
 # %%
-body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "stream": True, "ignore_eos": True}
+body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True, "ignore_eos": True}
 with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
     print("content-type:", response.headers["content-type"])
     for line in response.iter_lines():
@@ -241,11 +254,18 @@ plt.show()
 # %% [markdown]
 # ## 4. What `/metrics` says
 #
-# Prometheus scrapes `GET /metrics` as text. The names follow vLLM's (`vllm:num_requests_running`
-# becomes `kvcourse:num_requests_running`), so a dashboard built for one reads the other. Counters only
-# ever grow: they count everything since the server started.
+# Prometheus scrapes `GET /metrics` as text. Where a series means what vLLM's means, it has vLLM's
+# name, type and labels (checked against vLLM 0.33's `PrometheusStatLogger`): `vllm:num_requests_running`,
+# `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (gauges); `vllm:num_preemptions`,
+# `vllm:prompt_tokens`, `vllm:generation_tokens`, `vllm:prefix_cache_queries`, `vllm:prefix_cache_hits`
+# and `vllm:request_success{finished_reason=...}` (counters); `vllm:time_to_first_token_seconds`,
+# `vllm:inter_token_latency_seconds`, `vllm:request_time_per_output_token_seconds` and
+# `vllm:e2e_request_latency_seconds` (histograms, with our own bucket edges). A panel built on those
+# reads either server. vLLM has no free-block count and no hit-rate gauge, so `kvcourse:num_free_blocks`
+# and `kvcourse:num_blocks` are ours, and the hit rate is hits / queries, computed as on vLLM's dashboards.
+# Counters only ever grow: they count everything since the server started.
 #
-# *8.c* How many requests does `kvcourse:request_finished_total{finished_reason="length"}` count now,
+# *8.c* How many requests does `vllm:request_success_total{finished_reason="length"}` count now,
 # after sections 2 and 3?
 
 # %%
@@ -256,22 +276,24 @@ answer("8.c", None)
 
 # %%
 values = parse_metrics(httpx.get(server.url + "/metrics").text)
-for name in (
-    "kvcourse:num_requests_running",
-    "kvcourse:num_requests_waiting",
-    "kvcourse:kv_cache_usage_perc",
-    "kvcourse:num_free_blocks",
-    'kvcourse:request_finished_total{finished_reason="length"}',
-    "kvcourse:generation_tokens_total",
-    "kvcourse:time_to_first_token_seconds_count",
+for name, labels in (
+    ("vllm:num_requests_running", {}),
+    ("vllm:num_requests_waiting", {}),
+    ("vllm:kv_cache_usage_perc", {}),
+    ("kvcourse:num_free_blocks", {}),
+    ("vllm:request_success_total", {"finished_reason": "length"}),
+    ("vllm:generation_tokens_total", {}),
+    ("vllm:time_to_first_token_seconds_count", {}),
 ):
-    print(f"{name:<58} {values[name]:g}")
+    shown = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    print(f"{shown:<62} {metric(values, name, **labels):g}")
+print("every series is labelled like vLLM's:", next(k for k in values if k.startswith("vllm:num_requests_running")))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(f"{'kvcourse:num_preemptions_total':<58} {values['kvcourse:num_preemptions_total']:g}")
-ttft_sum = values["kvcourse:time_to_first_token_seconds_sum"]
-print(f"mean TTFT so far: {1000 * ttft_sum / values['kvcourse:time_to_first_token_seconds_count']:.0f} ms")
+print(f"{'vllm:num_preemptions_total':<62} {metric(values, 'vllm:num_preemptions_total'):g}")
+ttft_sum = metric(values, "vllm:time_to_first_token_seconds_sum")
+print(f"mean TTFT so far: {1000 * ttft_sum / metric(values, 'vllm:time_to_first_token_seconds_count'):.0f} ms")
 
 # %% [markdown]
 # ## 5. A client that hangs up
@@ -282,7 +304,7 @@ print(f"mean TTFT so far: {1000 * ttft_sum / values['kvcourse:time_to_first_toke
 # abandoned request would keep its blocks until it had generated all its tokens for nobody.
 
 # %%
-body = {"model": "tiny", "prompt": prompt, "max_tokens": 150, "stream": True, "ignore_eos": True}
+body = {"model": "tiny", "prompt": prompt, "max_tokens": 150, "temperature": 0, "stream": True, "ignore_eos": True}
 engine_step = engine.step
 
 
@@ -307,10 +329,131 @@ values = parse_metrics(httpx.get(server.url + "/metrics").text)
 print(
     "after the client left: free blocks", httpx.get(server.url + "/health").json()["num_free_blocks"], "of", NUM_BLOCKS
 )
-print("aborted requests:", values['kvcourse:request_finished_total{finished_reason="abort"}'])
+print("aborted requests:", metric(values, "vllm:request_success_total", finished_reason="abort"))
 
 # %% [markdown]
-# ## 6. Bad input gets words, not a stack trace
+# ## 6. Sampling, and n completions through the prefix cache
+#
+# A sampled request draws its next token instead of taking the most likely one. The engine's sampler
+# (`kvcourse/sampler.py`, after vLLM's `vllm/v1/sample/sampler.py`) does it for the whole batch at
+# once, row by row with each request's `SamplingParams`: presence, frequency and repetition penalties,
+# then temperature, the top-k and top-p masks, and one draw per row. Each request draws from its own
+# `torch.Generator`, seeded from `seed`, so the same seed gives the same tokens whatever else shares
+# the batch: below, the third run shares every step with sixteen other sampled clients.
+
+# %%
+sampled = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0.8, "top_p": 0.9, "seed": 7}
+first = client.completions.create(**sampled).choices[0].text
+again = client.completions.create(**sampled).choices[0].text
+crowd = threading.Thread(
+    target=run_load, args=(server.url + "/v1", prompts, 24, "tiny"), kwargs={"sampling": {"temperature": 1.0}}
+)
+crowd.start()
+deadline = time.monotonic() + 30
+while server.engine_loop.state.num_running == 0 and time.monotonic() < deadline:
+    time.sleep(0.002)  # until the crowd is in the engine
+crowded = client.completions.create(**sampled).choices[0].text
+crowd.join()
+other = client.completions.create(**{**sampled, "seed": 8}).choices[0].text
+print(f"seed 7:             {first!r}")
+print(f"seed 7 again:       {again!r}  equal: {again == first}")
+print(f"seed 7 in a crowd:  {crowded!r}  equal: {crowded == first}")
+print(f"seed 8:             {other!r}")
+
+# %% [markdown]
+# `n=4` asks for four completions of one prompt. vLLM v1 fans such a request out into four child
+# requests (`vllm/v1/engine/parallel_sampling.py` · `ParentRequest`; child *i* samples with seed + *i*),
+# and so does this server: the children are added in one command, so they are scheduled in the same
+# step, and with prefix caching on (the server's default, as in vLLM v1) the other three find the first
+# child's full prompt blocks in the cache. The prompt below is 40 tokens: two full blocks of 16, and 8
+# tokens in a third.
+#
+# *8.e* How many prompt tokens will the prefix cache count as hits for this one request?
+
+# %%
+answer("8.e", None)
+
+# %% [markdown]
+# *8.f* Notebook 04's fork shares a parent's blocks, its partly filled last block too, and copies that
+# block only when a child first writes into it (copy-on-write). Through the prefix cache, how many
+# physical blocks hold the 40 prompt tokens across the four children: (a) 3, as with a fork; (b) 6: the
+# two full blocks shared, and each child's own third block; (c) 12: nothing is shared?
+
+# %%
+answer("8.f", None)
+
+# %% [markdown]
+# The request, streamed, with a snapshot of the cache taken while its four children run.
+
+# %%
+shared_prompt = list(range(1000, 1040))  # 40 tokens this server has never seen
+hits_before = metric(parse_metrics(httpx.get(server.url + "/metrics").text), "vllm:prefix_cache_hits_total")
+body = {"model": "tiny", "prompt": shared_prompt, "max_tokens": 20, "n": 4, "seed": 3, "stream": True}
+engine.step = slow_step  # 20 ms more per step, so the snapshot surely finds the children running
+with httpx.stream("POST", server.url + "/v1/completions", json={**body, "ignore_eos": True}) as response:
+    events = (json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {"))
+    first_chunk = next(events)
+    shared_snapshot = snapshot_from_json(httpx.get(server.url + "/debug/blocks").json())
+    chunks = [first_chunk, *events]
+del engine.step
+hits = metric(parse_metrics(httpx.get(server.url + "/metrics").text), "vllm:prefix_cache_hits_total") - hits_before
+parent = int(first_chunk["id"].removeprefix("cmpl-"))
+children = range(parent, parent + 4)
+in_all = set.intersection(*(set(shared_snapshot.tables[rid]) for rid in children))
+for rid in children:  # which physical block each is depends on the cache's history; whether it is shared does not
+    prompt_part = shared_snapshot.tables[rid][:3]  # the blocks that hold the 40 prompt tokens
+    print(f"child R{rid}, prompt blocks:", ["shared by all 4" if b in in_all else "its own" for b in prompt_part])
+print("reference counts of the shared blocks:", [shared_snapshot.blocks[b].ref_cnt for b in sorted(in_all)])
+prompt_blocks = {b for rid in children for b in shared_snapshot.tables[rid][:3]}
+print(f"physical blocks holding the 40 prompt tokens: {len(prompt_blocks)}")
+print(f"prefix-cache hits for this request: {hits:g} tokens")
+texts: dict[int, str] = {}
+for chunk in chunks:
+    texts[chunk["choices"][0]["index"]] = texts.get(chunk["choices"][0]["index"], "") + chunk["choices"][0]["text"]
+for index, text in sorted(texts.items()):
+    print(f"choice {index}: {text!r}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+display(widgets.HTML(render_html(shared_snapshot)))  # the block-table widget: the shared blocks are in four rows
+
+# %% [markdown]
+# The first two blocks are in all four block tables (their reference count is 4); each child has its
+# own third block. That is where the prefix cache and notebook 04's fork differ. A block's hash covers
+# all of its tokens, so only *full* blocks can be found in the cache: each child recomputes the
+# 8-token tail itself (3 × 8 tokens of prefill a fork would not spend) and holds that block from the
+# start, where a fork shares it and copies it at the first write. vLLM v1 chose the prefix cache for
+# `n`: one mechanism for every kind of sharing, at the price of at most `block_size - 1` tokens of
+# recompute per child.
+#
+# ### Stop strings and logprobs
+#
+# `stop` (up to four strings) ends a completion where the first of them appears in the detokenized
+# text; the stop string is not returned, `finish_reason` is `"stop"`, and the request ends in the
+# engine too, so its blocks go back. While streaming, the server holds back the last few characters,
+# so a stop string split over two chunks is never half sent. `logprobs=k` returns each token's
+# log-probability and its k most likely alternatives in OpenAI's shape (`tokens`, `token_logprobs`,
+# `top_logprobs`, `text_offset`), taken from the model's raw distribution, before temperature and
+# penalties, as vLLM does by default.
+
+# %%
+greedy = client.completions.create(
+    model="tiny", prompt=prompt, max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
+)
+greedy_text = greedy.choices[0].text
+stop = greedy_text[6:9]
+cut = client.completions.create(
+    model="tiny", prompt=prompt, max_tokens=16, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+).choices[0]
+print(f"greedy:      {greedy_text!r}")
+print(f"stop={stop!r}: {cut.text!r}  finish_reason={cut.finish_reason}")
+lp = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, logprobs=2).choices[0].logprobs
+for token, chosen, top, offset in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
+    print(f"offset {offset:>2} {token!r:<14} logprob {chosen:7.3f}   top 2: {top}")
+print(f"log-likelihood of the 4 tokens (the sum): {sum(lp.token_logprobs):.3f}")
+
+# %% [markdown]
+# ## 7. Bad input gets words, not a stack trace
 #
 # Every request the engine could never serve is refused before it reaches the engine, with a 400 and
 # OpenAI's error body, saying what to change. The server keeps serving.
@@ -323,41 +466,89 @@ print("aborted requests:", values['kvcourse:request_finished_total{finished_reas
 answer("8.d", None)
 
 # %% [markdown]
-# Six bad requests, that one among them:
+# Ten bad requests, that one among them:
 
 # %%
 for bad in (
-    {"prompt": prompt, "temperature": 0.8},
+    {"prompt": prompt, "temperature": -1},
     {"prompt": prompt, "max_tokens": 0},
     {"prompt": "", "max_tokens": 4},
     {"prompt": [11] * 250, "max_tokens": 16},
     {"prompt": [11] * 200, "max_tokens": 8},
     {"prompt": prompt, "model": "gpt-4"},
+    {"prompt": prompt, "stop": ["a", "b", "c", "d", "e"]},
+    {"prompt": prompt, "max_tokens": True},
+    {"prompt": prompt, "stream": "yes"},
+    {"prompt": [5, 6, True]},
 ):
     error = httpx.post(server.url + "/v1/completions", json=bad).json()["error"]
     print(f"400 {error['param']}: {error['message'][:150]}")
 try:
-    client.completions.create(model="tiny", prompt=prompt, n=2)
+    client.completions.create(model="tiny", prompt=prompt, n=17)
 except openai.BadRequestError as exc:
     print("openai raises BadRequestError:", exc.body["message"][:80])
 
 # %% [markdown]
-# ## 7. Measuring TTFT and TPOT against the server
+# ### Nothing a client sends can freeze the server
+#
+# One event loop serves every client, so anything slow done *on* it stalls every stream and `/health`
+# at once. The server therefore reads a body only up to a limit (1 MiB; a whole context of token ids is
+# about 10 KB): a larger one gets a 413 as soon as its `Content-Length` says so, or as soon as the
+# bytes read pass the limit, and the rest is never read. Parsing, checking and tokenizing run in a
+# worker thread, and a string prompt longer than the context could ever hold (32 characters per token
+# of context) is refused before the tokenizer sees it. Only `application/json` is accepted: a web page
+# you visit may POST `text/plain` to `127.0.0.1` without asking you, but not JSON. Malformed bodies
+# (a lone surrogate, JSON nested 100,000 deep) are 400s, and an error quotes at most a short excerpt
+# of what was sent. Run it bound beyond loopback (`--host 0.0.0.0`) and it warns you, and turns
+# `/debug/blocks` off unless you pass `--enable-debug-blocks`.
+
+# %%
+url = server.url + "/v1/completions"
+json_header = {"content-type": "application/json"}
+for label, content, headers in (
+    ("lone surrogate", b'{"prompt": "a\\ud800b"}', json_header),
+    ("nested 100,000 deep", b"[" * 100_000 + b"]" * 100_000, json_header),
+    ("text/plain", b'{"prompt": "Hi"}', {"content-type": "text/plain"}),
+    ("unknown route", None, None),
+):
+    response = httpx.post(url, content=content, headers=headers) if content else httpx.get(server.url + "/v1/chat")
+    error = response.json()["error"]
+    print(f"{label:<20} {response.status_code} ({len(response.content)} bytes): {error['message'][:90]}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+waits, outcome = [], {}
+fifty_mb = b'{"prompt": "' + b"x" * (50 << 20) + b'"}'
+sender = threading.Thread(target=lambda: outcome.update(r=httpx.post(url, content=fifty_mb, headers=json_header)))
+sender.start()
+while sender.is_alive() or len(waits) < 20:
+    start = time.monotonic()
+    httpx.get(server.url + "/health")
+    waits.append(time.monotonic() - start)
+    time.sleep(0.02)
+sender.join()
+print(f"50 MB body: {outcome['r'].status_code}, {outcome['r'].json()['error']['message'][:60]}...")
+print(f"/health meanwhile: {len(waits)} calls, the slowest answered in {1000 * max(waits):.0f} ms")
+
+# %% [markdown]
+# ## 8. Measuring TTFT and TPOT against the server
 #
 # The load generator (`kvcourse/serve/loadgen.py`) is a small `vllm bench serve`: N clients at once,
 # each timing its own stream. **TTFT** is send → first token (queueing plus prefill), **TPOT** is the
 # time per output token after that. It speaks only the OpenAI API, so it measures any server.
 #
-# Sweep how many clients arrive at once. With more clients, throughput rises while the batch fills;
-# then requests queue, and TTFT grows while TPOT barely moves — the latency-throughput knee of lesson 07,
-# measured over HTTP this time.
+# Sweep how many clients arrive at once, sampling as real clients do (temperature 0.8, top-p 0.95, a
+# seed per request). With more clients, throughput rises while the batch fills; then requests queue,
+# and TTFT grows while TPOT barely moves — the latency-throughput knee of lesson 07, measured over HTTP
+# this time.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 0}  # run_load gives request i the seed 0 + i
 sweep = {}
 for clients in (1, 4, 16, 64):
     work = [[(17 * i + j) % 50000 + 1 for j in range(8 + i % 24)] for i in range(clients)]
-    res, secs = run_load(server.url + "/v1", work, 16, "tiny")
+    res, secs = run_load(server.url + "/v1", work, 16, "tiny", sampling=SAMPLING)
     sweep[clients] = summarize(res, secs)
     print(f"{clients:>3} clients: {format_summary(sweep[clients])}")
 
@@ -390,7 +581,9 @@ plt.show()
 for rate in (5.0, 20.0):  # requests per second: below what this server sustains, then above it
     work = serving.make_workload(32, rate=rate, seed=0, long_every=10**6)  # the short requests of lesson 07's mix
     arriving = [[(31 * i + j) % 50000 + 1 for j in range(n)] for i, n in enumerate(work.prompt_lens)]
-    res, secs = run_load(server.url + "/v1", arriving, list(work.output_lens), "tiny", arrivals=work.arrivals)
+    res, secs = run_load(
+        server.url + "/v1", arriving, list(work.output_lens), "tiny", arrivals=work.arrivals, sampling=SAMPLING
+    )
     study = serving.summarize(request_times(res, work.prompt_lens), slo_ttft_s=0.5, slo_tpot_s=0.05)
     print(f"{rate:>4.0f} requests/s: {study['requests']} requests, {study['output_tokens_per_s']:.0f} output tok/s")
     for key in ("ttft", "tpot", "itl", "e2e"):
@@ -410,7 +603,7 @@ except httpx.ConnectError:
     print("server stopped; engine loop alive:", server.engine_loop.alive)
 
 # %% [markdown]
-# ## 8. The way out: the same client against vLLM
+# ## 9. The way out: the same client against vLLM
 #
 # Everything above used only the OpenAI API, so it runs unchanged against vLLM. On a machine with a GPU:
 #
@@ -448,7 +641,7 @@ else:
 # | `PrometheusStatLogger` (`vllm/v1/metrics/loggers.py`) | `kvcourse/serve/metrics.py` |
 # | `vllm bench serve` | `kvcourse/serve/loadgen.py` |
 #
-# What vLLM adds on top is mostly speed and breadth: CUDA graphs, fused kernels, sampling, many model
-# families, tensor and pipeline parallelism, and the engine core in its own process so Python's
+# What vLLM adds on top is mostly speed and breadth: CUDA graphs, fused kernels, more sampling
+# (min-p, logit bias, structured output, speculative decoding), many model families, tensor and pipeline parallelism, and the engine core in its own process so Python's
 # HTTP work never waits behind a forward pass. The memory side, the part you built, is the same idea.
 # Notebook 09 maps each piece to the file and symbol to open in vLLM, and what vLLM adds there.

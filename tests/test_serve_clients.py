@@ -198,6 +198,9 @@ def test_n_choices_and_several_prompts_count_usage_per_choice(client, tokenizer)
     assert two.usage.completion_tokens == sum(u for u in [3] * 4)  # 3 tokens each, unless end of text came first
     chunks = streamed(client, n=2, max_tokens=4, seed=2)
     assert chunks[-1].usage.completion_tokens == sum(len(ids_of(c.choices[0])) for c in chunks if c.choices) == 8
+    options = {"include_usage": True, "continuous_usage_stats": True}  # vLLM's: the counts so far in every chunk
+    counts = [c.usage.completion_tokens for c in create(client, max_tokens=4, stream=True, stream_options=options)]
+    assert counts == sorted(counts) and counts[-1] == 4 and len(counts) == 5
 
 
 # ------------------------------------------------------------------------------- stop, echo

@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     warning = exposure_warning(args.host)
     debug = warning is None or args.enable_debug_blocks
     if warning is not None:
-        print(f"{warning} /debug/blocks is {'on' if debug else 'off (--enable-debug-blocks turns it on)'}.", file=sys.stderr)
+        print(
+            f"{warning} /debug/blocks is {'on' if debug else 'off (--enable-debug-blocks turns it on)'}.",
+            file=sys.stderr,
+        )
     try:
         app = build_app(
             args.model,

@@ -115,8 +115,10 @@ def create_app(
                 engine_loop.abort(rid)  # a no-op for a request that finished
 
         if req.stream:
-            include_usage = req.stream_options is not None and req.stream_options.include_usage
-            events = stream_events(reply, stream, engine_loop, ids, include_usage)
+            options = req.stream_options
+            usage = "never" if options is None or not options.include_usage else "last"
+            usage = "every" if usage == "last" and options.continuous_usage_stats else usage  # as vLLM: both asked
+            events = stream_events(reply, stream, engine_loop, ids, usage)
             return AbortOnDisconnect(events, on_disconnect=abort_all)
         return JSONResponse(await collect(reply, stream, engine_loop, ids, raw, abort_all))
 
@@ -299,9 +301,12 @@ def sse(data: Any) -> str:
 
 
 async def stream_events(
-    reply: Reply, stream: RequestStream, engine_loop: EngineLoop, ids: list[int], include_usage: bool
+    reply: Reply, stream: RequestStream, engine_loop: EngineLoop, ids: list[int], usage: str = "never"
 ) -> AsyncIterator[str]:
-    """Chunks as tokens are sampled (each names its choice's index), then [DONE]; a client that leaves aborts."""
+    """Chunks as tokens are sampled (each names its choice's index), then [DONE]; a client that leaves aborts.
+
+    usage: "never", "last" (a final chunk with the counts: include_usage) or "every" (also in each chunk).
+    """
     started: set[int] = set()
     try:
         while not stream.finished:
@@ -316,10 +321,11 @@ async def stream_events(
             if update.done and choice.finish_reason == "stop" and not output.finished:
                 engine_loop.finish(ids[output.index], "stop")  # a stop string: the request ends here
             if update.text or update.token_ids or update.done or output.index not in started:
-                yield sse(reply.chunk(choice, update, first=output.index not in started))
+                chunk = reply.chunk(choice, update, first=output.index not in started)
+                yield sse({**chunk, "usage": reply.usage} if usage == "every" else chunk)
                 started.add(output.index)
         else:
-            if include_usage:
+            if usage != "never":
                 yield sse(reply.usage_chunk())
             yield sse("[DONE]")
     finally:

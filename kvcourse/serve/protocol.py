@@ -51,10 +51,12 @@ def excerpt(value: Any) -> str:
 
 
 class StreamOptions(BaseModel):
-    """OpenAI's stream_options: include_usage adds a last chunk with the token counts."""
+    """OpenAI's stream_options: include_usage adds a last chunk with the token counts (with it, vLLM's
+    continuous_usage_stats puts the counts so far in every chunk too)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class CompletionRequest(BaseModel):
