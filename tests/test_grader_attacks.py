@@ -159,6 +159,8 @@ def test_without_the_static_check_the_children_still_cannot_cheat(tmp_path):
     files["memory"] = table_more()["kv_cache"].replace(STUBS["kv_cache"], STUBS["memory"]).replace(
         'raise NotImplementedError(\n        "Exercise 0.1', 'return Always(0)\n    raise NotImplementedError(\n        "Exercise 0.1'
     )  # fmt: skip
+    # a trusted class patched through an alias (no import the guard would stop): caught before the next report
+    files["model_runner"] = attack("model_runner", "box = [PagedKVCache]\nbox[0].for_model = lambda *a, **k: None")
     results = grade_unchecked(tmp_path, files, list(ONE_PER_MODULE.values()), test_s=20)
     assert scores(results) == dict.fromkeys(ONE_PER_MODULE.values(), 0.0), results
     assert json.loads(results_path.read_text())["score"] == 0, "the grader's results.json, not the attack's"
@@ -265,3 +267,11 @@ def test_the_grade_command_ignores_an_exported_solutions_switch():
     learner = (ROOT / "kvcourse" / "memory.py").read_text()
     if learner == STUBS["memory"]:
         assert answer["results"][0]["status"] == "not attempted", "it graded the reference, not kvcourse/"
+
+
+def test_the_whole_run_is_bounded_and_still_writes_every_exercise(tmp_path):
+    solution = (ROOT / "solutions" / "memory.py").read_text()
+    results = grade_unchecked(tmp_path, {"memory": solution}, ["0.1", "0.2", "1.1"], run_s=2)
+    assert scores(results) == {"0.1": 0.0, "0.2": 0.0, "1.1": 0.0}
+    assert all("time limit ran out" in t["output"] for t in results["tests"]), results["tests"]
+    assert json.loads((tmp_path / "results.json").read_text())["tests"] == results["tests"]

@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvcourse.course.exercises import get
+from kvcourse.course.exercises import EXERCISES, get
+from kvcourse.course.results import id_key
 from kvcourse.course.stubs import ROOT, backup, edited_exercises, restore, stub_for
 
 
@@ -37,11 +38,11 @@ def reset(exercise_id: str) -> Path | None:
         raise ValueError(
             f"could not tell where Exercise {exercise.id} ends in {path.relative_to(ROOT)} (the result would not "
             f"parse: line {error.lineno}); nothing changed. Replace its code by hand with the TODO and raise from "
-            f"a fresh stub (python -m kvcourse.stubs --force writes the whole file, after a backup)."
+            f"a fresh stub (python -m kvcourse stubs --force writes the whole file, after a backup)."
         ) from error
     copy = backup(path)
     path.write_text(restored)
-    others = [e for e in edited_exercises(restored, stub, regions) if e != exercise.id]
+    others = sorted((e for e in edited_exercises(restored, stub, regions) if e != exercise.id), key=id_key)
     kept = f" Your other exercises ({', '.join(others)}) are untouched." if others else ""
     print(
         f"Exercise {exercise.id} ({exercise.title}) is back to its stub in {path.relative_to(ROOT)}.{kept}\n"
@@ -53,10 +54,15 @@ def reset(exercise_id: str) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m kvcourse.course.reset ID [ID ...]`."""
     parser = argparse.ArgumentParser(prog="./course reset", description=__doc__.splitlines()[0])
-    parser.add_argument("exercises", nargs="+", help="exercise ids such as 2.4")
+    parser.add_argument("exercises", nargs="*", help="exercise ids such as 2.4 (none: list them)")
     args = parser.parse_args(argv)
+    if not args.exercises:
+        print("Exercises you can reset (./course reset ID):")
+        for exercise in sorted(EXERCISES.values(), key=lambda e: id_key(e.id)):
+            print(f"  {exercise.id:<5} {exercise.title} ({exercise.path})")
+        return 0
     try:
-        for exercise_id in args.exercises:
+        for exercise_id in sorted(dict.fromkeys(args.exercises), key=id_key):
             reset(exercise_id)
     except ValueError as error:
         print(f"reset: {error}", file=sys.stderr)

@@ -23,6 +23,7 @@ ICONS = {CORRECT: "✅", INCORRECT: "❌", NOT_ATTEMPTED: "⏳", SKIPPED: "⏭�
 class TestOutcome:
     """What one graded test said, in words a learner can act on."""
 
+    __test__ = False  # not a pytest test class
     nodeid: str
     exercises: list[str]
     passed: bool

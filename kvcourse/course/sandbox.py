@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -598,6 +599,10 @@ CALLER_EVENTS = (
 )  # fmt: skip
 
 
+NEVER_LAZY = ("torch.utils.cpp_extension", "torch.hub", "torch.package", "torch.multiprocessing", "torch.distributed",
+              "torch._dynamo", "torch._inductor", "torch.utils.data")  # fmt: skip
+
+
 def _writes(args: tuple) -> bool:
     """An "open" audit event that writes: mode "w", "a", "x" or "+", or os.open's write flags."""
     mode = args[1] if len(args) > 1 else None
@@ -607,13 +612,14 @@ def _writes(args: tuple) -> bool:
     return isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT))
 
 
-def install_guards(submitted: set[str], allowed: set[str], emit) -> None:
+def install_guards(submitted: set[str], allowed: set[str], emit):
     """Stop the child the moment a submitted module imports past the allow-list or reaches the interpreter.
 
     Two guards, installed before any submitted module is imported: `__import__` refuses, for an import made by a
     submitted module, every module outside the allow-list (even one already loaded); an audit hook (which no
     Python code can remove) stops processes, signals, sockets, ctypes, file writes and changes, made anywhere
-    below submitted code, and frame, code and dynamic-code access made by submitted code itself.
+    below submitted code, and frame, code and dynamic-code access made by submitted code itself. It returns a
+    check (_tamper_check) to run before every report: no function or class of pytest or the course replaced.
     """
     original_import = builtins.__import__
     busy = [False]
@@ -629,9 +635,15 @@ def install_guards(submitted: set[str], allowed: set[str], emit) -> None:
             if level:
                 base = (globals.get("__package__") or "").split(".")
                 full = ".".join([*base[: len(base) - level + 1], *([name] if name else [])])
-            if full not in allowed:
+            # torch's C code imports its own submodules lazily (fromlist=[] from C, on the caller's globals)
+            lazy = isinstance(fromlist, list) and full.split(".")[0] in allowed and not full.startswith(NEVER_LAZY)
+            if full not in allowed and not lazy:
                 stop(f"imported {full}", sys._getframe(1))
-        return original_import(name, globals, locals, fromlist, level)
+        loaded = len(sys.modules)
+        module = original_import(name, globals, locals, fromlist, level)
+        if len(sys.modules) != loaded:
+            snapshot()  # a course module just loaded: its functions as they are now, before anyone else runs
+        return module
 
     def submitted_frame(frame):
         while frame is not None:
@@ -661,8 +673,57 @@ def install_guards(submitted: set[str], allowed: set[str], emit) -> None:
         finally:
             busy[0] = False
 
+    snapshot, verify = _tamper_check(submitted, stop)
     builtins.__import__ = guarded_import
     sys.addaudithook(hook)
+    return verify
+
+
+WATCHED = ("pytest", "_pytest.reports", "_pytest.runner", "_pytest.skipping", "_pytest.outcomes", "_pytest.python",
+           "_pytest.main", "_pytest.nodes", "pluggy._callers", "pluggy._hooks", "pluggy._manager", "pytest_timeout",
+           "kvcourse.course.grade", "kvcourse.course.results", "kvcourse.course.sandbox")  # fmt: skip
+CODE = (type, types.FunctionType, types.BuiltinFunctionType, property, staticmethod, classmethod)
+
+
+def _tamper_check(submitted: set[str], stop):
+    """A check, run before every report, that no function or class of pytest or the course was replaced.
+
+    The snapshot holds the identity of every function, class and method of the watched modules and of every
+    course module that is not submitted, each taken right after the module was loaded; a submitted module that
+    swaps one (through an alias the static check missed) stops the child at its next report.
+    """
+    seen: dict[tuple[str, str, str], int] = {}
+
+    def watched(name: str, module) -> bool:
+        if name in WATCHED:
+            return True
+        path = getattr(module, "__file__", None)
+        return name.startswith("kvcourse.") and path not in submitted and not name.startswith("kvcourse.course.")
+
+    def snapshot() -> None:
+        for name, module in list(sys.modules.items()):
+            if (name, "", "") in seen or module is None or not watched(name, module):
+                continue
+            seen[(name, "", "")] = id(module)
+            for key, value in list(vars(module).items()):
+                if isinstance(value, CODE):
+                    seen[(name, key, "")] = id(value)
+                    if isinstance(value, type) and value.__module__ == name:
+                        for attr, member in list(vars(value).items()):
+                            if isinstance(member, CODE):
+                                seen[(name, key, attr)] = id(member)
+
+    def verify() -> None:
+        for (name, key, attr), ident in seen.items():
+            module = sys.modules.get(name)
+            value = module if not key else vars(module).get(key) if module is not None else None
+            if attr and value is not None:
+                value = vars(value).get(attr)
+            if id(value) != ident:
+                stop(f"changed {'.'.join(p for p in (name, key, attr) if p)} (part of pytest or the course)", None)
+
+    snapshot()
+    return snapshot, verify
 
 
 def child_main(request: dict) -> None:
@@ -692,11 +753,17 @@ def child_main(request: dict) -> None:
             from kvcourse.course.static_check import load_policy
 
             submitted = set(request.get("submitted") or [])
+            report = emit
             if request.get("guards", True):
-                install_guards(submitted, load_policy(here).modules, emit)
-            collector = grade._Collector(False, emit=emit)
+                verify = install_guards(submitted, load_policy(here).modules, emit)
+
+                def report(event: dict) -> None:
+                    verify()
+                    emit(event)
+
+            collector = grade._Collector(False, emit=report)
             code = pytest.main(grade.pytest_args(selected, here), plugins=[collector])
-            emit({"done": int(code)})
+            report({"done": int(code)})
     except BaseException as error:  # the grader's own failure: say it, the parent decides
         emit({"error": f"{type(error).__name__}: {error}"})
         code = 3
