@@ -132,7 +132,8 @@ diagrams.free_queue_remove()
 # contract: each runs in O(1) (no walk), keeps the order of every other block in both directions, and
 # keeps `num_free_blocks` equal to the blocks in the queue; a block's pointers are `None` exactly
 # when it is not in the queue. The constructor and `get_all_free_blocks` are written for you; read
-# them first.
+# them first. `check("3.1")` counts the block pointers each operation reads in a queue of thousands of
+# blocks: a walk cannot pass for O(1).
 #
 # The cell below takes block 0 from the front, revives block 3 from the middle, and frees block 0
 # again: print the queue and check it against what you expect.
@@ -235,7 +236,11 @@ check("3.2")
 # once: a hit on a *free* block uses up a free block too, and a block shared with another table must be
 # copied before it is written (`_shared_blocks_to_write` and `_copy_on_write` find and make the copies;
 # until lesson 04 nothing is shared and they return `[]`). The graded tests hand your function prefix
-# hits directly, so they need nothing from lesson 04.
+# hits and shared blocks directly, with their own versions of lesson 04's methods, so they need nothing
+# from lesson 04. After every call they make, they check what a slip breaks first: no block twice in a
+# table, each block's `ref_cnt` equal to the number of tables holding it, the free queue holding exactly
+# the blocks nobody holds. And they run 16 requests sharing 3 prompts through your manager under tight
+# memory (prefix hits, preemption): the tokens must equal a run with all the memory in the world.
 #
 # Before you run the cell below, **predict**: a request holds 10 computed tokens in blocks of 4. How
 # many of its next 6 decode steps take a new block from the pool?
@@ -391,6 +396,8 @@ BlockTableWidget(big_snapshots, step=busiest, interval_ms=300)
 # pool, the stack and the naive scan; (2) a prefix hit on a free block in the middle of the list, for
 # your pool and the stack. It is the same study as `python -m kvcourse.bench allocator`, and it
 # measures *your* `kvcourse/kv_cache.py`. Timings depend on the machine; the *shape* is the lesson.
+# It first counts the pointers each queue operation reads: a queue that walks is timed at the small
+# sizes only (a million-block walk takes minutes), and the study says it does not meet the goal.
 #
 # Before you run it, **predict** workload (2): as the pool grows from a thousand to a million blocks,
 # whose cost per hit grows? (a) both, (b) only the stack's, (c) only the linked list's, (d) neither.

@@ -49,6 +49,26 @@ def _grade_in_subprocess(exercise_ids: list[str]) -> list[dict]:
     return json.loads(lines[-1])["results"]
 
 
+# A raw error from the course's own guards, raised inside the learner's code, names the rule it means.
+RAW_ERROR_RULES = (
+    ("freed twice", "a block was given back more times than it is held (a double free)"),
+    ("already in the free-block queue", "a block was queued while already free: only its last holder frees it"),
+    ("is not in the free-block queue", "a block was taken out of the free queue while it was not in it"),
+    ("the free-block queue is empty", "a block was taken from an empty pool: check there is room first"),
+    ("blocks but only", "more blocks were taken than are free: check there is room before taking any"),
+    ("Index put requires the source and destination dtypes match", "store keys and values in the cache's dtype"),
+    ("KeyError", "a dictionary entry was missing (a stale prefix-cache hash, or a request's table?)"),
+)
+
+
+def speak(message: str) -> str:
+    """The rule a raw error means, put in front of it (messages that already speak are left as they are)."""
+    for words, rule in RAW_ERROR_RULES:
+        if words in message and not message.startswith(rule):
+            return f"{rule}. ({message})"
+    return message
+
+
 def check(exercise_id: str) -> None:
     """Run one exercise's tests and say: correct, incorrect (what failed, a hint) or not attempted."""
     exercise = get(exercise_id)
@@ -77,7 +97,7 @@ def check(exercise_id: str) -> None:
     else:
         counts = f" {result['passed']}/{result['total']} tests pass." if result["total"] else ""
         print(f"{head} not yet.{counts}")
-        print(f"   What failed: {result['message']}")
+        print(f"   What failed: {speak(result['message'])}")
         if result["hint"]:
             print(f"   Hint: {result['hint']}")
 
