@@ -91,16 +91,10 @@ def expected_page(path: Path) -> NotebookPage:
             for match in WIDGET_REPR.finditer(text):
                 steps, blocks, _, step = map(int, match.groups())
                 widgets.append(ExpectedWidget(steps, blocks, step, frames))
-    title = None
-    for cell in notebook["cells"]:
-        found = (
-            re.search(r"^# (.+)$", "".join(cell["source"]), re.MULTILINE) if cell["cell_type"] == "markdown" else None
-        )
-        if found:
-            title = found.group(1).strip()
-            break
-    assert title, f"{path.name} has no '# title' heading"
-    return NotebookPage(path, title, images, tuple(widgets))
+    markdown = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
+    titles = [m.group(1).strip() for text in markdown if (m := re.search(r"^# (.+)$", text, re.MULTILINE))]
+    assert titles, f"{path.name} has no '# title' heading"
+    return NotebookPage(path, titles[0], images, tuple(widgets))
 
 
 NOTEBOOKS = [expected_page(path) for path in build_site.discover_notebooks()]
@@ -158,7 +152,7 @@ def anchors(page: Path) -> frozenset[str]:
     return frozenset(parser.ids)
 
 
-def broken_links(site: Path, base_url: str, page_url: str, hrefs: list[str]) -> list[str]:
+def broken_links(site: Path, base_url: str, hrefs: list[str]) -> list[str]:
     """Internal links of one page whose file or #anchor does not exist in the built site."""
     broken = []
     for href in hrefs:
@@ -426,7 +420,7 @@ def test_every_page_of_the_site_in_chromium(site: Path) -> None:
                     assert page.locator("form[action*='search'], .search-button, button[aria-label*='earch']").count()
                     page.screenshot(path=SCREENSHOTS / "landing.png")
                 hrefs = page.eval_on_selector_all("a[href]", "els => els.map(a => a.href)")
-                problems += [f"{name}: broken link {b}" for b in broken_links(site, base_url, page.url, hrefs)]
+                problems += [f"{name}: broken link {b}" for b in broken_links(site, base_url, hrefs)]
                 problems += [f"{name}: console error: {e}" for e in visit.console_errors]
                 problems += [f"{name}: failed request: {f}" for f in visit.failed if f.startswith(base_url)]
             finally:
@@ -602,3 +596,21 @@ def test_unreadable_frames_are_refused_in_words(tmp_path: Path) -> None:
     nbformat.write(notebook, path)
     with pytest.raises(build_site.SiteError, match=r"stored frames cannot be read.*re-execute it"):
         build_site.stage_notebook(path, tmp_path / "out.ipynb")
+
+
+def test_broken_links_finds_a_missing_page_and_a_missing_anchor(tmp_path: Path) -> None:
+    (tmp_path / "a.html").write_text('<h2 id="here">x</h2>')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "index.html").write_text("<p>index</p>")
+    base = "http://127.0.0.1:1/"
+    hrefs = [
+        f"{base}a.html#here",
+        f"{base}sub/",
+        "https://elsewhere.example/x",
+        f"{base}gone.html",
+        f"{base}a.html#nowhere",
+    ]
+    assert broken_links(tmp_path, base, hrefs) == [
+        f"{base}gone.html (no such file)",
+        f"{base}a.html#nowhere (no #nowhere in a.html)",
+    ]
