@@ -275,3 +275,17 @@ def test_the_whole_run_is_bounded_and_still_writes_every_exercise(tmp_path):
     assert scores(results) == {"0.1": 0.0, "0.2": 0.0, "1.1": 0.0}
     assert all("time limit ran out" in t["output"] for t in results["tests"]), results["tests"]
     assert json.loads((tmp_path / "results.json").read_text())["tests"] == results["tests"]
+
+
+def test_a_hang_while_importing_costs_only_that_module(tmp_path):
+    files = {"memory": attack("memory", "while True:\n    pass")}  # allowed by the static check: plain Python
+    submission = tmp_path / "submission" / "kvcourse"
+    submission.mkdir(parents=True)
+    (submission / "memory.py").write_text(files["memory"])
+    results = gradescope.grade_submission(
+        submission.parent, tmp_path / "results.json", ["0.1", "0.2", "1.1"], sandbox.Limits(test_s=5), log=print
+    )
+    outputs = {t["number"]: t["output"] for t in results["tests"]}
+    assert scores(results) == {"0.1": 0.0, "0.2": 0.0, "1.1": 0.0}
+    assert "importing kvcourse/memory.py" in outputs["0.1"] and "importing kvcourse/memory.py" in outputs["0.2"]
+    assert outputs["1.1"].startswith("⏳"), "step.py (a stub) is graded as usual"

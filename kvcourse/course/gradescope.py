@@ -211,10 +211,11 @@ def _solution_bodies() -> list[str]:
 
 def _leak(name: str, text: str, bodies: list[str]) -> str | None:
     """Why a file must not ship (it holds a solution region or a copy of the reference), or None."""
-    from kvcourse.course.stubs import BEGIN_MARK
+    from kvcourse.course.stubs import BEGIN
 
-    if BEGIN_MARK in text:
-        return f"{name} holds a solution region ({BEGIN_MARK} ...)"
+    opened = next((line for line in text.splitlines() if BEGIN.match(line)), None)
+    if opened is not None:
+        return f"{name} holds a solution region ({opened.strip()} ...)"
     normalized = "\n".join(x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith("#"))
     for module in EXERCISE_MODULES:
         if text.strip() == (ROOT / "solutions" / f"{module}.py").read_text().strip():

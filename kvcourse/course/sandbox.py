@@ -32,11 +32,20 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvcourse.course.exercises import EXERCISES, Exercise
+from kvcourse.course.exercises import EXERCISE_MODULES, EXERCISES, Exercise
 from kvcourse.course.results import ExerciseResult, TestOutcome, id_key, summarize
 
 VIOLATION_EXIT = 86  # a child's exit code when its guard caught submitted code breaking a rule
 MAX_REPORT_BYTES = 8 << 20  # a child that says more than this is not reporting tests
+
+
+def _default_memory() -> int:
+    """A child's address space: three quarters of the machine's memory, between 2 and 8 GiB (torch maps ~1 GiB)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 << 30
+    return int(max(2 << 30, min(8 << 30, total * 3 // 4)))
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,9 @@ class Limits:
     test_s: float = float(os.environ.get("KVCOURSE_TEST_WALL_S", "60"))  # silence allowed between two tests
     start_s: float = float(os.environ.get("KVCOURSE_START_WALL_S", "240"))  # imports before the first test
     run_s: float = float(os.environ.get("KVCOURSE_GRADE_TIMEOUT_S", "540"))  # the whole run (Gradescope: 10 min)
-    memory_bytes: int = int(os.environ.get("KVCOURSE_MEMORY_BYTES", str(12 << 30)))  # address space of a child
+    memory_bytes: int = (
+        int(os.environ.get("KVCOURSE_MEMORY_BYTES", "0")) or _default_memory()
+    )  # a child's address space
     file_bytes: int = 64 << 20  # the largest file a child may write
     processes: int = 256  # threads count too (torch, the tests' own)
 
@@ -452,6 +463,17 @@ class _Grading:
                     running = None
         return running
 
+    @staticmethod
+    def importing(events: list[dict]) -> str | None:
+        """The exercise module whose import never finished (the innermost one), if any."""
+        stack: list[str] = []
+        for event in events:
+            if isinstance(event.get("loading"), str):
+                stack.append(event["loading"])
+            elif event.get("loaded") in stack:
+                stack.remove(event["loaded"])
+        return stack[-1] if stack else None
+
     def complete(self, exercise: Exercise) -> bool:
         return all(nodeid in self.outcomes for nodeid in self.manifest.of(exercise.id))
 
@@ -547,6 +569,14 @@ def _grade(zygote, exercises, stubs, submitted, limits, refused, deadline, who, 
         elif running:
             ids = manifest.tests[running][0]
             grading.charge([ex for ex in unfinished if ex.id in ids], run.ending)
+        elif grading.importing(run.events) in paths:  # a submitted module hung or crashed while importing
+            culprit = grading.importing(run.events)
+            grading.charge(
+                [ex for ex in exercises if ex.module == culprit], f"importing kvcourse/{culprit}.py: {run.ending}"
+            )
+            (course / "kvcourse" / f"{culprit}.py").write_text(stubs[culprit])
+            grading.texts[culprit] = stubs[culprit]
+            del paths[culprit]
         elif len(unfinished) > 1:
             pending[0:0] = [[ex] for ex in unfinished]  # no test was running: find the culprit one by one
             continue
@@ -603,6 +633,18 @@ NEVER_LAZY = ("torch.utils.cpp_extension", "torch.hub", "torch.package", "torch.
               "torch._dynamo", "torch._inductor", "torch.utils.data")  # fmt: skip
 
 
+def _exercise_module(name: str, fromlist, level: int) -> str | None:
+    """The exercise module (memory, scheduler, ...) this import loads for the first time, if any."""
+    if level:
+        return None
+    for full in [name, *(f"{name}.{x}" for x in fromlist or () if isinstance(x, str))]:
+        parts = full.split(".")
+        exercise = len(parts) > 1 and parts[0] == "kvcourse" and parts[1] in EXERCISE_MODULES
+        if exercise and f"kvcourse.{parts[1]}" not in sys.modules:
+            return parts[1]
+    return None
+
+
 def _writes(args: tuple) -> bool:
     """An "open" audit event that writes: mode "w", "a", "x" or "+", or os.open's write flags."""
     mode = args[1] if len(args) > 1 else None
@@ -640,7 +682,12 @@ def install_guards(submitted: set[str], allowed: set[str], emit):
             if full not in allowed and not lazy:
                 stop(f"imported {full}", sys._getframe(1))
         loaded = len(sys.modules)
+        target = _exercise_module(name, fromlist, level)
+        if target:
+            emit({"loading": target})  # an import that hangs or crashes is charged to this module
         module = original_import(name, globals, locals, fromlist, level)
+        if target:
+            emit({"loaded": target})
         if len(sys.modules) != loaded:
             snapshot()  # a course module just loaded: its functions as they are now, before anyone else runs
         return module
