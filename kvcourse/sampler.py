@@ -161,9 +161,11 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     likely tokens, in order, while the probability before each is below p (the most likely always stays).
     """
     vocab = logits.shape[1]
-    if top_k is not None and bool((top_k < vocab).any()):
-        kth = logits.topk(int(top_k.max()), dim=-1).values.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])
-        logits = logits.masked_fill((logits < kth) & (top_k < vocab)[:, None], -math.inf)
+    limited = top_k < vocab if top_k is not None else None
+    if limited is not None and bool(limited.any()):
+        k_max = int(top_k[limited].max())  # rows without a limit must not make topk sort the whole vocabulary
+        kth = logits.topk(k_max, dim=-1).values.gather(1, (top_k.long().clamp(1, k_max) - 1)[:, None])
+        logits = logits.masked_fill((logits < kth) & limited[:, None], -math.inf)
     if top_p is not None and bool((top_p < 1).any()):
         probs = logits.softmax(dim=-1)
         descending = _sort_descending(probs)
