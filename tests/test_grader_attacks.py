@@ -289,3 +289,38 @@ def test_a_hang_while_importing_costs_only_that_module(tmp_path):
     assert scores(results) == {"0.1": 0.0, "0.2": 0.0, "1.1": 0.0}
     assert "importing kvcourse/memory.py" in outputs["0.1"] and "importing kvcourse/memory.py" in outputs["0.2"]
     assert outputs["1.1"].startswith("⏳"), "step.py (a stub) is graded as usual"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another user needs root")
+def test_a_confined_child_is_another_user_under_limits_it_cannot_raise(tmp_path):
+    """What every grading child does first (sandbox._confine), checked in a bare fork: no Python to read."""
+    import resource
+
+    private = tmp_path / "results"
+    private.mkdir(mode=0o755)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: confine, then try what a submission would
+        facts = {}
+        try:
+            sandbox._confine(sandbox.Limits(memory_bytes=3 << 30), sandbox.Identity(65534, 65534, "nobody", ""), 30)
+            facts["uid"] = os.getuid()
+            facts["as"] = resource.getrlimit(resource.RLIMIT_AS)[1]
+            try:
+                (private / "results.json").write_text("{}")
+                facts["wrote"] = True
+            except PermissionError:
+                facts["wrote"] = False
+            try:
+                resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+                facts["raised"] = True
+            except (ValueError, OSError):
+                facts["raised"] = False
+            facts["session"] = os.getsid(0) == os.getpid()
+        finally:
+            os.write(write, json.dumps(facts).encode())
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    facts = json.loads(os.read(read, 4096))
+    assert facts == {"uid": 65534, "as": 3 << 30, "wrote": False, "raised": False, "session": True}
