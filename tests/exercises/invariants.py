@@ -145,13 +145,18 @@ def assert_valid(target, where: str = "this call") -> None:
         _fail(where, problem)
 
 
-def rule_for(error: BaseException) -> str | None:
-    """The rule a raw error from the pool's guards means, or None for any other error."""
+def rule_for(error: BaseException, method: str = "") -> str | None:
+    """The rule a raw error from the pool's guards (or a missing key) means, or None for any other error."""
     text = str(error)
     if isinstance(error, ValueError):
         return next((rule for words, rule in RULES if words in text), None)
+    if isinstance(error, KeyError) and method == "free":
+        return "free of an unknown or already freed request must change nothing (it has no table any more)"
     if isinstance(error, KeyError):
-        return "a prefix-cache entry was deleted that was not in the hash map (the map and the blocks' hashes disagree)"
+        return (
+            f"a dictionary had no entry {text}: a request's table or hash chain that is not there, or a "
+            "prefix-cache hash already deleted (the hash map and the blocks' hashes disagree)"
+        )
     if isinstance(error, AttributeError) and "NoneType" in text and "free_block" in text:
         return "a free-queue pointer was None where a neighbour must be: the linked list is broken"
     return None
@@ -176,7 +181,7 @@ class Checked:
             try:
                 result = value(*args, **kwargs)
             except (ValueError, KeyError, AttributeError) as error:
-                rule = rule_for(error)
+                rule = rule_for(error, name)
                 if rule is None:
                     raise
                 raise InvariantBroken(f"during {where}: {rule} (the pool said: {error})") from error
