@@ -324,3 +324,19 @@ def test_a_confined_child_is_another_user_under_limits_it_cannot_raise(tmp_path)
     os.waitpid(pid, 0)
     facts = json.loads(os.read(read, 4096))
     assert facts == {"uid": 65534, "as": 3 << 30, "wrote": False, "raised": False, "session": True}
+
+
+def test_a_broken_grader_still_writes_results_and_says_so(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the zygote could not start")
+
+    monkeypatch.setattr(sandbox, "grade_course", broken)
+    (tmp_path / "submission").mkdir()
+    out = tmp_path / "results.json"
+    assert gradescope.main(["grade", str(tmp_path / "submission"), "--out", str(out), "--exercises", "0.1"]) == 2
+    results = json.loads(out.read_text())
+    assert results["score"] == 0 and "The grader failed, not your code" in results["output"]
+    assert [t["number"] for t in results["tests"]] == ["0.1"]
+    missing = tmp_path / "nothing-here"
+    assert gradescope.main(["grade", str(missing), "--out", str(out)]) == 0, "a missing submission is not a grader bug"
+    assert json.loads(out.read_text())["score"] == 0
