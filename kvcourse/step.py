@@ -19,15 +19,12 @@ if TYPE_CHECKING:
 
 def engine_step(core: EngineCore) -> list[Request]:
     """One iteration, schedule -> execute -> update; returns the requests that finished in it."""
-    # Exercise 1.1: the engine's step. When it returns:
-    #   * core.scheduler has planned exactly one step (schedule_next_batch() returns a SchedulerOutput),
-    #     core.executor has run that plan (execute(scheduler_output) returns the sampled tokens), and
-    #     the scheduler's update_from_output(scheduler_output, sampled_token_ids) has taken exactly
-    #     those tokens; the step returns what the update returned (the requests finished this step);
-    #   * each call ran inside its own phase, `with core.phase(name, scheduler_output):` with name
-    #     "schedule" (no plan yet: leave scheduler_output out), "execute" or "update": the core times
-    #     it, records the plan, and if the call raises, fails only the requests it touched;
-    #   * an empty plan (no request can make progress) raised Deadlock(describe_stall(core.scheduler,
-    #     core.iteration)) instead of looping forever.
+    # Exercise 1.1: the engine's step. When it returns, exactly one plan was made
+    #   (core.scheduler.schedule_next_batch() returns a SchedulerOutput), core.executor.execute(plan)
+    #   ran that plan whole, core.scheduler.update_from_output(plan, sampled_token_ids) took exactly the
+    #   tokens it returned, and the step returns what the update returned (the finished requests).
+    #   Each call ran inside its own `with core.phase(name, ...)`: "schedule" (no plan yet), then
+    #   "execute" and "update" given the plan; the core times them and fails only what a fault touched.
+    #   An empty plan raises Deadlock(describe_stall(core.scheduler, core.iteration)).
     # TODO: Exercise 1.1: write your code here, then delete the raise below.
     raise NotImplementedError("Exercise 1.1 (The engine's step): not written yet: edit kvcourse/step.py, engine_step.")

@@ -72,3 +72,21 @@ def test_the_plan_carries_block_tables_new_blocks_and_copies_and_who_finished():
     assert second.blocks_to_copy == [] and requests[0].id not in second.num_scheduled_tokens
     scheduler.update_from_output(second, executor.execute(second))
     assert scheduler.schedule_next_batch().finished_req_ids == []
+
+
+def test_the_skip_ahead_study_scheduler_really_skips_ahead():
+    """The serving study compares FCFS with skip-ahead: its scheduler must admit past a head that does not fit."""
+    from kvcourse.bench.serving import SkipAheadScheduler
+
+    outputs = []
+    for scheduler_class in (StallFreeScheduler, SkipAheadScheduler):
+        manager = MockKVCacheManager(num_blocks=4, block_size=4)
+        assert manager.allocate_slots(Request(id=99, prompt_tokens=[0] * 8, max_new_tokens=0), 8) is not None
+        scheduler = scheduler_class(64, 4, manager)
+        for request in (
+            Request(id=0, prompt_tokens=[1] * 12, max_new_tokens=1),
+            Request(id=1, prompt_tokens=[2] * 3, max_new_tokens=1),
+        ):
+            scheduler.add_request(request)
+        outputs.append([s.request_id for s in scheduler.schedule_next_batch()])
+    assert outputs == [[], [1]], f"FCFS waits for the head, skip-ahead admits request 1 behind it; got {outputs}"
