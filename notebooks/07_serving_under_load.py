@@ -213,10 +213,13 @@ for name, row in tails.items():
 # * `_insert_by_priority(request)`: the waiting queue stays ordered by `(priority, arrival_time)`, so
 #   admission, which still stops at the head, admits the most urgent first;
 # * `_preempt_lowest_priority()`: when memory is short, the victim is the running request with the
-#   largest `(priority, arrival_time)`, not the newest admission, and it rejoins the queue at its place.
+#   largest `(priority, arrival_time)`, not the newest admission. You choose it; the given
+#   `_preempt(victim)` releases it, as for Exercise 2.7, and under this policy it rejoins the queue at
+#   its place by priority.
 #
-# One subtlety is handled for you in `schedule_next_batch`: a decode already planned this step may
-# belong to the request a later chunk preempts; it leaves the batch (its blocks are gone).
+# One subtlety is handled for you: a decode already planned this step may belong to the request a later
+# chunk preempts. It leaves the step's plan (its blocks are gone), its tokens go back to the budget, and
+# since the plan is applied only once planning is done, nothing of it was ever counted as computed.
 
 # %%
 check("7.1")

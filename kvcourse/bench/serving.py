@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from kvcourse.bench.common import device_name, emit, not_written, parse_args, run_reference, whose_code
 from kvcourse.contract import MockKVCacheManager
 from kvcourse.request import Request
+from kvcourse.sched_output import SchedulerOutput
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy.arrivals import RequestTimes, ServingRun, SimulatedClock, StepCost, serve
 from kvcourse.toy.executor import ToyExecutor
@@ -135,14 +136,12 @@ def make_workload(num_requests: int, rate: float, seed: int = 0, long_every: int
 class SkipAheadScheduler(StallFreeScheduler):
     """Notebook 02's pitfall, kept for comparison: admission skips a head that does not fit and admits those behind it."""
 
-    def _admit_waiting(self, batch) -> None:
-        """Try every waiting request in order; one that does not fit is passed over, not waited for."""
-        for request in list(self.waiting_queue):
-            if not self._has_room(batch) or len(self.active_pool) >= self.max_batch_size:
-                return
-            sequence = self._admit(request, self._budget_left(batch))
-            if sequence is not None:
-                batch.append(sequence)
+    def _admit(self, request: Request, token_budget_left: int, output: SchedulerOutput) -> bool:
+        """Asked to admit the head, admit the first waiting request that fits: one that does not is passed over."""
+        for candidate in list(self.waiting_queue):  # noqa: SIM110 (super() needs a loop, not a generator)
+            if super()._admit(candidate, token_budget_left, output):
+                return True
+        return False
 
 
 def requests_for(workload: Workload, seed: int = 0) -> list[tuple[float, Request]]:
