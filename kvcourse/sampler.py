@@ -30,6 +30,14 @@ SAMPLING_EPS = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI and vLLM bound them
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+DEFAULTS = {  # what None means for each parameter (OpenAI's and vLLM's defaults)
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
 
 
 class SamplingParamsError(ValueError):
@@ -65,7 +73,10 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        """Refuse every value the sampler cannot honour, saying which and what is allowed."""
+        """Refuse every value the sampler cannot honour, saying which and what is allowed (None: the default)."""
+        for name in ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, DEFAULTS[name])
         temperature = _real("temperature", self.temperature)
         if temperature < 0:
             raise SamplingParamsError("temperature", f"temperature is {temperature}; it must be 0 (greedy) or more.")

@@ -60,6 +60,7 @@ def test_bad_sampling_params_are_refused_naming_the_parameter(kwargs, param, wor
 
 def test_defaults_are_openais_and_greedy_is_temperature_zero():
     assert SamplingParams().temperature == 1.0 and not SamplingParams().is_greedy
+    assert SamplingParams(temperature=None, top_p=None, top_k=None) == SamplingParams()
     assert GREEDY.is_greedy and SamplingParams(temperature=1e-7).is_greedy
 
 
