@@ -34,6 +34,7 @@ from kvcourse.serve.detokenize import decode
 from kvcourse.serve.loop import EngineLoop, RequestStream
 from kvcourse.serve.metrics import ServerMetrics
 from kvcourse.serve.protocol import (
+    MAX_CHOICES,
     SUPPORTED,
     CompletionRequest,
     Plan,
@@ -200,6 +201,12 @@ def prepare(
     plan = check_parameters(req)
     context = int(engine.max_positions)
     prompts = prompts_of(req.prompt, context * CHARS_PER_TOKEN_BOUND, context)
+    if len(prompts) * plan.n > MAX_CHOICES:
+        raise ServeError(
+            f"{len(prompts)} prompts x n={plan.n} is {len(prompts) * plan.n} completions; ask for at most "
+            f"{MAX_CHOICES} in one request.",
+            "n",
+        )
     token_lists = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
     vocab = int(engine.model.config.vocab_size)
     for tokens in token_lists:

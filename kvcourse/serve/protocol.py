@@ -46,7 +46,10 @@ class ServeError(Exception):
 
 def excerpt(value: Any) -> str:
     """At most EXCERPT_CHARS characters of a client's value, for an error message (never the whole input)."""
-    text = repr(value) if not isinstance(value, str) else repr(value[: EXCERPT_CHARS + 1])
+    try:
+        text = repr(value) if not isinstance(value, str) else repr(value[: EXCERPT_CHARS + 1])
+    except RecursionError:
+        return "a deeply nested value"
     return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
 
 
