@@ -182,9 +182,9 @@ def calls_to_popleft(run) -> list[list[str]]:
     return chains
 
 
-@pytest.mark.parametrize("prefix_caching", [False, True])
-def test_the_step_reaches_the_free_queue_in_few_calls(prefix_caching: bool) -> None:
-    """Admission, chunked prefill and decode each reach the pop through at most MAX_CALLS_TO_POP calls."""
+@pytest.mark.parametrize(("prefix_caching", "num_blocks"), [(False, 16), (True, 16), (False, 6)])
+def test_the_step_reaches_the_free_queue_in_few_calls(prefix_caching: bool, num_blocks: int) -> None:
+    """Admission, chunked prefill, decode and preemption each reach the pop through at most MAX_CALLS_TO_POP calls."""
     import torch
     from transformers import GPT2LMHeadModel
 
@@ -192,13 +192,8 @@ def test_the_step_reaches_the_free_queue_in_few_calls(prefix_caching: bool) -> N
     from kvcourse.models import tiny_gpt2_config
 
     torch.manual_seed(0)
-    engine = LLMEngine(
-        GPT2LMHeadModel(tiny_gpt2_config()).eval(),
-        num_blocks=16,
-        block_size=4,
-        token_budget=8,
-        enable_prefix_caching=prefix_caching,
-    )
+    model = GPT2LMHeadModel(tiny_gpt2_config()).eval()
+    engine = LLMEngine(model, num_blocks=num_blocks, block_size=4, token_budget=8, enable_prefix_caching=prefix_caching)
     for prompt in ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5]):
         engine.add_request(prompt, 6)
 
@@ -208,5 +203,6 @@ def test_the_step_reaches_the_free_queue_in_few_calls(prefix_caching: bool) -> N
 
     chains = calls_to_popleft(run)
     assert chains, "no step reached FreeKVCacheBlockQueue.popleft"
+    assert (engine.stats.preemptions > 0) == (num_blocks == 6), "the tight cache (6 blocks) must preempt, 16 not"
     longest = max(chains, key=len)
     assert len(longest) - 1 <= MAX_CALLS_TO_POP, "the step's way down: " + " -> ".join(longest)
