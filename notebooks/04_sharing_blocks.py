@@ -723,8 +723,9 @@ for name in curves:
 
 # %% [markdown]
 # Both statements hold on both traces. The maximum on the chat trace (37%) is a little below the
-# paper's "about 40%" for this workload in its Table 2 (the paper does not say how it counted partial
-# blocks or the last token; we count full blocks only). The synthetic trace's 65% matches its 66%.
+# paper's "about 40%" for this workload in its Table 2, and not because of what we count: counting the
+# partial last blocks too would add less than a tenth of a point. The synthetic trace's 65% matches
+# its 66%.
 #
 # The lesson is in the x axis: one GPU's KV cache, 0.4 to 2 million tokens, serves a small share of
 # the prompt tokens this traffic could reuse. Why so little? The cell below measures, in the infinite
@@ -751,8 +752,8 @@ for label, gpu_replay in gpu_replays.items():
     print(f"{label}: the cache holds what {remembered:.0f} requests bring, {remembered / rate_per_s:.0f} s of traffic")
 
 # %% [markdown]
-# A prefix comes back minutes after its last use (a user reading the answer and typing the next
-# turn), while one GPU's cache remembers well under a minute of this traffic: by the time the next
+# A prefix comes back minutes after its last use (most likely a user reading the answer and typing
+# the next turn), while one GPU's cache remembers well under a minute of this traffic: by the time the next
 # turn arrives, its conversation's blocks are gone. Mooncake's answer is the bet in its title,
 # *trading more storage for less computation*: a KV-cache pool in the CPU memory and SSDs of the whole
 # cluster, tens of millions of tokens, from which a prefill fetches its prefix instead of recomputing it.
@@ -815,7 +816,7 @@ for capacity in eviction_capacities:
 # half a minute. At 10 million tokens LFU falls far behind. Its key puts every block just computed
 # (shared zero times) first in line, so a conversation's newest turn is evicted before anything that
 # was ever hit, though it is the prefix that conversation's next turn asks for; and a count never
-# decays, so blocks popular early in the hour stay. FIFO loses up to three points to LRU: it ignores what
+# decays, so blocks popular early in the hour stay. FIFO loses 0.1 to 3.3 points to LRU: it ignores what
 # a hit says, that a prefix is still in use. vLLM keeps LRU (its free queue, a request's tail first, as
 # you built). And what moves the curve most is capacity: a few points between policies at one size,
 # 24 points between 1 and 10 million tokens. `with_policy(KVCacheManager(...), FIFOBlockPool)` plugs a
