@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -262,9 +264,30 @@ def test_sampled_logprobs_always_include_the_chosen_token(client):
 
 
 # ------------------------------------------------------------------------------- never frozen by input
-def test_a_50_mb_body_and_huge_prompts_freeze_neither_health_nor_streams(server, slow_steps):
+# The hostile clients run in their own process, so that what is timed here is the server, not this
+# process's own threads building and sending 55 MB.
+SENDER = """
+import json, sys, threading, httpx
+url, paths, outcomes = sys.argv[1], sys.argv[2:], {}
+def send(index, path):
+    content = open(path, "rb").read()
+    try:
+        response = httpx.post(url, content=content, headers={"content-type": "application/json"}, timeout=20)
+        outcomes[index] = [response.status_code, response.json()["error"]["code"], len(response.content)]
+    except httpx.TransportError:  # the server may close the socket while a 50 MB body is still being sent
+        outcomes[index] = [413, "closed", 0]
+threads = [threading.Thread(target=send, args=item) for item in enumerate(paths)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join(30)
+print(json.dumps(outcomes))
+"""
+
+
+def test_a_50_mb_body_and_huge_prompts_freeze_neither_health_nor_streams(server, slow_steps, tmp_path):
     url = server.url + "/v1/completions"
-    gaps, health_waits, outcomes = [], [], {}
+    gaps, health_waits = [], []
     stream_body = {"prompt": [7] * 8, "max_tokens": 120, "temperature": 0, "stream": True, "ignore_eos": True}
 
     def stream() -> None:
@@ -276,29 +299,29 @@ def test_a_50_mb_body_and_huge_prompts_freeze_neither_health_nor_streams(server,
                     gaps.append(now - last)
                     last = now
 
-    def send(index: int, content: bytes) -> None:
-        try:
-            response = httpx.post(url, content=content, headers={"content-type": "application/json"}, timeout=WAIT_S)
-            outcomes[index] = (response.status_code, response.json()["error"]["code"], len(response.content))
-        except httpx.TransportError:  # the server may close the socket while a 50 MB body is still being sent
-            outcomes[index] = (413, "closed", 0)
-
-    huge = [b'{"prompt": "' + b"x" * (50 << 20) + b'"}']
-    huge += [json.dumps({"prompt": [11] * 100_000}).encode()] * 5  # token ids: ~600 KB each, within the limit
-    huge += [json.dumps({"prompt": "word " * 100_000}).encode()] * 5  # 500,000 characters: never tokenized
+    bodies = [b'{"prompt": "' + b"x" * (50 << 20) + b'"}']
+    bodies += [json.dumps({"prompt": [11] * 100_000}).encode()] * 5  # token ids: ~600 KB each, within the limit
+    bodies += [json.dumps({"prompt": "word " * 100_000}).encode()] * 5  # 500,000 characters: never tokenized
+    paths = []
+    for index, content in enumerate(bodies):
+        paths.append(tmp_path / f"body{index}.json")
+        paths[-1].write_bytes(content)
     streamer = threading.Thread(target=stream)
     streamer.start()
     wait_until(lambda: len(gaps) >= 2, "the stream has started")
-    senders = [threading.Thread(target=send, args=item) for item in enumerate(huge)]
-    for sender in senders:
-        sender.start()
-    while any(s.is_alive() for s in senders) or len(health_waits) < 20:
-        start = time.monotonic()
-        assert httpx.get(server.url + "/health", timeout=WAIT_S).status_code == 200
-        health_waits.append(time.monotonic() - start)
-        time.sleep(0.05)
-    for thread in [*senders, streamer]:
-        thread.join(WAIT_S)
+    senders = subprocess.Popen([sys.executable, "-c", SENDER, url, *map(str, paths)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + WAIT_S
+    try:
+        while senders.poll() is None or len(health_waits) < 20:
+            start = time.monotonic()
+            assert httpx.get(server.url + "/health", timeout=WAIT_S).status_code == 200
+            health_waits.append(time.monotonic() - start)
+            time.sleep(0.05)
+            assert start < deadline, f"the hostile clients did not finish within {WAIT_S} s"
+        outcomes = {int(k): v for k, v in json.loads(senders.communicate(timeout=WAIT_S)[0]).items()}
+    finally:
+        senders.kill()
+    streamer.join(WAIT_S)
     print(
         f"\n/health: {len(health_waits)} calls, longest {max(health_waits):.3f} s; stream: longest gap {max(gaps[1:]):.3f} s"
     )
