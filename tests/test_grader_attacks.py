@@ -161,12 +161,17 @@ def test_without_the_static_check_the_children_still_cannot_cheat(tmp_path):
     )  # fmt: skip
     # a trusted class patched through an alias (no import the guard would stop): caught before the next report
     files["model_runner"] = attack("model_runner", "box = [PagedKVCache]\nbox[0].for_model = lambda *a, **k: None")
+    # the expected values read from the graded tests' own source, then the results file written and os._exit
+    tests = "__file__.replace('kvcourse/kv_cache.py', 'tests/exercises/test_ex3_allocator.py')"
+    files["kv_cache"] = (
+        attack("kv_cache", f"EXPECTED = open({tests}).read()\n") + files["kv_cache"][len(STUBS["kv_cache"]) :]
+    )
     results = grade_unchecked(tmp_path, files, list(ONE_PER_MODULE.values()), test_s=20)
     assert scores(results) == dict.fromkeys(ONE_PER_MODULE.values(), 0.0), results
     assert json.loads(results_path.read_text())["score"] == 0, "the grader's results.json, not the attack's"
     outputs = {t["number"]: t["output"] for t in results["tests"]}
     assert "plain int" in outputs["0.1"], outputs["0.1"]
-    for number in ("1.1", "2.1", "5.5"):
+    for number in ("1.1", "2.1", "3.1", "5.1", "5.5"):
         assert "the grader stopped your code" in outputs[number], outputs[number]
 
 

@@ -645,6 +645,12 @@ def _exercise_module(name: str, fromlist, level: int) -> str | None:
     return None
 
 
+def _is_test_source(args: tuple, tests: str) -> bool:
+    """An "open" of the graded tests' own files (where the expected values are written)."""
+    path = args[0] if args else None
+    return isinstance(path, str) and os.path.abspath(path).startswith(tests)
+
+
 def _writes(args: tuple) -> bool:
     """An "open" audit event that writes: mode "w", "a", "x" or "+", or os.open's write flags."""
     mode = args[1] if len(args) > 1 else None
@@ -665,6 +671,7 @@ def install_guards(submitted: set[str], allowed: set[str], emit):
     """
     original_import = builtins.__import__
     busy = [False]
+    tests = os.path.join(os.getcwd(), "tests") + os.sep  # reading the graded tests' source is not allowed either
 
     def stop(what: str, frame) -> None:
         emit({"violation": what, "path": frame.f_code.co_filename if frame else None, "file": Path(frame.f_code.co_filename).name if frame else None, "line": frame.f_lineno if frame else None})  # fmt: skip
@@ -703,7 +710,7 @@ def install_guards(submitted: set[str], allowed: set[str], emit):
         if busy[0]:
             return
         process = event.startswith(PROCESS_EVENTS)
-        writes = event == "open" and _writes(args)
+        writes = event == "open" and (_writes(args) or _is_test_source(args, tests))
         caller = event.startswith(CALLER_EVENTS)
         if not (process or writes or caller):
             return
@@ -722,13 +729,15 @@ def install_guards(submitted: set[str], allowed: set[str], emit):
 
     snapshot, verify = _tamper_check(submitted, stop)
     builtins.__import__ = guarded_import
+    snapshot()  # after the guard is in place: builtins as the child runs them
     sys.addaudithook(hook)
     return verify
 
 
 WATCHED = ("pytest", "_pytest.reports", "_pytest.runner", "_pytest.skipping", "_pytest.outcomes", "_pytest.python",
            "_pytest.main", "_pytest.nodes", "pluggy._callers", "pluggy._hooks", "pluggy._manager", "pytest_timeout",
-           "kvcourse.course.grade", "kvcourse.course.results", "kvcourse.course.sandbox")  # fmt: skip
+           "kvcourse.course.grade", "kvcourse.course.results", "kvcourse.course.sandbox", "torch",
+           "torch.nn.functional", "torch.testing", "math", "builtins", "operator", "collections")  # fmt: skip
 CODE = (type, types.FunctionType, types.BuiltinFunctionType, property, staticmethod, classmethod)
 
 
@@ -769,7 +778,6 @@ def _tamper_check(submitted: set[str], stop):
             if id(value) != ident:
                 stop(f"changed {'.'.join(p for p in (name, key, attr) if p)} (part of pytest or the course)", None)
 
-    snapshot()
     return snapshot, verify
 
 
