@@ -222,6 +222,14 @@ def test_every_row_is_refused_by_the_static_check_and_the_reference_is_not():
         "import importlib",
         "import subprocess",
         "import pytest",
+        "import torch\ntorch.os.system('x')",
+        "import torch\nx = torch.nn.modules.module.sys",
+        "from torch import os",
+        "import torch\nx = getattr(torch.nn, 'os')",
+        "import triton\ntriton.compiler.compile",
+        "import torch\ntorch._C",
+        "from kvcourse import check",
+        "import torch\nx = torch.UntypedStorage.from_file('tests/exercises/test_ex0_memory.py')",
     ]
     for text in more:
         assert check_source(text, "kvcourse/memory.py", policy, "kvcourse.memory"), text

@@ -46,6 +46,7 @@ EXTRA_MODULES = {
 }
 # Members of allowed modules that read or write files, load code, reach the interpreter or evaluate strings.
 DANGEROUS_MEMBERS = {
+    "triton": {"compiler", "tools", "backends", "build", "driver", "compile"},
     "torch": {
         "load", "save", "ops", "utils", "hub", "library", "classes", "jit", "compile", "package", "multiprocessing",
         "distributed", "from_file", "fx", "export", "onnx", "overrides", "serialization", "set_printoptions",
@@ -232,12 +233,7 @@ class _Checker(ast.NodeVisitor):
                 self.refuse(node, f"`from {module} import *`: import the names you use, one by one.")
                 continue
             full = f"{module}.{alias.name}"
-            bad = DANGEROUS_MEMBERS.get(module, set()) | self.policy.module_members.get(module, set())
-            if (
-                alias.name in bad
-                or alias.name.startswith("__")
-                or (full not in self.policy.modules and _looks_module(full))
-            ):
+            if full not in self.policy.modules and (self._bad_member(module, alias.name) or _looks_module(full)):
                 self.refuse(node, f"imports {alias.name} from {module}: no exercise needs it; remove this import.")
                 continue
             local = alias.asname or alias.name
@@ -266,23 +262,39 @@ class _Checker(ast.NodeVisitor):
             )
         self.generic_visit(node)
 
+    def _bad_member(self, module: str, name: str) -> bool:
+        """A member of an allowed module that no exercise needs: private, dangerous, or a module it imported."""
+        top = module.split(".")[0]
+        return (
+            name.startswith("_")
+            or name in DANGEROUS_MEMBERS.get(top, set())
+            or name in self.policy.module_members.get(module, set())
+            or (name in sys.stdlib_module_names and name not in self.policy.modules)  # torch.os, torch.sys
+            or module == "kvcourse"  # the package itself holds only the course machinery
+        )
+
     def _module_member(self, node: ast.AST, module: str, chain: list[str]) -> None:
-        """`torch.nn.functional.softmax` is fine; `torch.load`, `kvcourse.course`, `kvcourse.engine.sys` are not."""
+        """`torch.nn.functional.softmax` is fine; `torch.load`, `torch.os`, `kvcourse.engine.sys` are not."""
+        inside = True  # still walking through modules the policy lists
         for part in chain:
-            if f"{module}.{part}" in self.policy.modules:
+            if inside and f"{module}.{part}" in self.policy.modules:
                 module = f"{module}.{part}"
                 continue
-            top = module.split(".")[0]
-            bad = DANGEROUS_MEMBERS.get(top, set()) | self.policy.module_members.get(module, set())
-            if part.startswith("_") or part in bad or module == "kvcourse":
+            if (inside and self._bad_member(module, part)) or (
+                not inside and (part.startswith("_") or part in sys.stdlib_module_names - self.policy.modules)
+            ):
                 self.refuse(node, f"uses {module}.{part}, which no exercise needs; use the module's public API.")
-            return
+                return
+            inside = False
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         if isinstance(func, ast.Name):
             if func.id == "getattr":
-                if len(node.args) < 2 or not _plain_constant(node.args[1]):
+                name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+                if not _plain_constant(node.args[1] if len(node.args) > 1 else None) or (
+                    name in sys.stdlib_module_names and name not in self.policy.modules
+                ):
                     self.refuse(node, "getattr with a computed name: write the attribute (obj.name) instead.")
             elif func.id == "type" and len(node.args) != 1:
                 self.refuse(node, "type() with three arguments builds a class on the fly; write a `class` instead.")
