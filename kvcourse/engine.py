@@ -108,8 +108,7 @@ class EngineCore:
             raise ValueError(f"unknown phase {name!r}: the phases are {', '.join(PHASE_LABELS)}.")
         affected = self._touched_by_planning
         if name != "schedule":
-            requests = self._requests_of(name, scheduler_output)
-            affected = lambda: requests  # noqa: E731 - the plan's requests, fixed when the phase begins
+            affected = self._plan_requests(name, scheduler_output)
         with self._timed(name), self._fail_on_error(PHASE_LABELS[name], affected):
             yield
 
@@ -131,8 +130,8 @@ class EngineCore:
         return ended
 
     # ---- helpers ----
-    def _requests_of(self, name: str, scheduler_output: object) -> list[Request]:
-        """The plan's requests, in plan order; entering "execute" checks and records the plan first."""
+    def _plan_requests(self, name: str, scheduler_output: object) -> Callable[[], list[Request]]:
+        """Who a fault in this phase costs: the plan's running requests; entering "execute" checks and records the plan."""
         if not isinstance(scheduler_output, SchedulerOutput):
             raise TypeError(
                 f"core.phase({name!r}, scheduler_output) takes the SchedulerOutput that schedule_next_batch() "
@@ -146,7 +145,7 @@ class EngineCore:
             if self.on_schedule is not None:
                 self.on_schedule(self._plan)
         pool = self.scheduler.active_pool
-        return [pool[seq.request_id] for seq in scheduler_output if seq.request_id in pool]
+        return lambda: [pool[seq.request_id] for seq in scheduler_output if seq.request_id in pool]
 
     def _finish_record(self, finished: object) -> StepRecord:
         """Complete this step's record once engine_step returned (with a clear error when it broke its contract)."""

@@ -46,11 +46,11 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst), before the model
     preempted_req_ids: list[int] = field(default_factory=list)  # preempted while planning this step
     finished_req_ids: list[int] = field(default_factory=list)  # settled since the previous step (free their state)
+    total_num_scheduled_tokens: int = field(init=False, default=0)  # tokens fed in this step (kept up to date)
 
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        """Tokens fed in this step (at most the token budget)."""
-        return sum(self.num_scheduled_tokens.values())
+    def __post_init__(self) -> None:
+        """Count the tokens a plan was built with (add and remove keep the count from then on)."""
+        self.total_num_scheduled_tokens = sum(self.num_scheduled_tokens.values())
 
     def add(self, sequence: ScheduledSequence, new_block_ids: list[int] | None = None) -> None:
         """Plan one request's sequence (each request at most once per step)."""
@@ -58,13 +58,14 @@ class SchedulerOutput:
             raise ValueError(f"request {sequence.request_id} is already in this step's plan: schedule it once.")
         self.scheduled_seqs.append(sequence)
         self.num_scheduled_tokens[sequence.request_id] = len(sequence.tokens)
+        self.total_num_scheduled_tokens += len(sequence.tokens)
         if new_block_ids:
             self.new_block_ids[sequence.request_id] = list(new_block_ids)
 
     def remove(self, request_id: int) -> None:
         """Take a request out of the plan (preempted later in the same step): its budget comes back."""
         self.scheduled_seqs = [s for s in self.scheduled_seqs if s.request_id != request_id]
-        self.num_scheduled_tokens.pop(request_id, None)
+        self.total_num_scheduled_tokens -= self.num_scheduled_tokens.pop(request_id, 0)
         self.new_block_ids.pop(request_id, None)
         if self.block_ids is not None:
             self.block_ids.pop(request_id, None)
