@@ -229,6 +229,8 @@ def test_every_row_is_refused_by_the_static_check_and_the_reference_is_not():
         "import triton\ntriton.compiler.compile",
         "import torch\ntorch._C",
         "from kvcourse import check",
+        "import torch\nclass T(torch.Tensor):\n    def allclose(self, other, **kwargs):\n        return True",
+        "from kvcourse.request import Request\nclass R(Request):\n    pass",
         "import torch\nx = torch.UntypedStorage.from_file('tests/exercises/test_ex0_memory.py')",
     ]
     for text in more:

@@ -266,6 +266,7 @@ def _run_forked(request: dict, report_fd: int) -> None:
         os.environ.update(child_env(Path(request["work"]), Path.cwd()))
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         sys.dont_write_bytecode = True
+        tempfile.tempdir = None  # the zygote's cached temp folder is not the child's to write
         request["report_fd"] = report_fd
     except BaseException:  # could not confine: never run the tests unconfined
         os._exit(4)
@@ -298,6 +299,7 @@ def child_env(work: Path, course: Path) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HOME": str(work / "hf"),
         "TRITON_CACHE_DIR": str(work / "triton"),
+        "HYPOTHESIS_STORAGE_DIRECTORY": str(work / "hypothesis"),  # the course folder is read-only to the child
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -817,7 +819,8 @@ def child_main(request: dict) -> None:
                     emit(event)
 
             collector = grade._Collector(False, emit=report)
-            code = pytest.main(grade.pytest_args(selected, here), plugins=[collector])
+            basetemp = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / "pytest"
+            code = pytest.main([*grade.pytest_args(selected, here), f"--basetemp={basetemp}"], plugins=[collector])
             report({"done": int(code)})
     except BaseException as error:  # the grader's own failure: say it, the parent decides
         emit({"error": f"{type(error).__name__}: {error}"})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvcourse.course.exercises import EXERCISE_MODULES
@@ -71,6 +71,15 @@ FORBIDDEN_ATTRIBUTES = {
 }  # fmt: skip
 VALUE_TYPES = {"int", "float", "bool", "complex", "str", "bytes", "tuple", "list", "dict", "set", "frozenset", "type"}
 ALWAYS_DUNDER_ATTRIBUTES = {"__name__"}
+SAFE_BASES = {"object", "Protocol", "Generic", "NamedTuple", "Enum", "IntEnum", "ABC", "TypedDict"}
+
+
+def _exception_name(name: str | None) -> bool:
+    """A builtin exception class (a learner's own error type may derive from ValueError and the like)."""
+    import builtins
+
+    value = getattr(builtins, name, None) if name else None
+    return isinstance(value, type) and issubclass(value, Exception)
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,7 @@ class Policy:
     dunder_defs: set[str]
     dunder_attributes: set[str]
     module_members: dict[str, set[str]]  # trusted kvcourse module -> names it binds to a module (refused)
+    bases: set[str] = field(default_factory=set)  # base classes the reference subclasses (BlockPool, ...)
 
     def to_json(self) -> dict:
         return {
@@ -106,6 +116,7 @@ class Policy:
             set(data["dunder_defs"]),
             set(data["dunder_attributes"]),
             {m: set(n) for m, n in data["module_members"].items()},
+            set(data.get("bases", [])),
         )
 
 
@@ -161,7 +172,7 @@ def derive_policy(root: Path = ROOT) -> Policy:
             raise FileNotFoundError(f"{solution} is missing: the grader's allow-list is derived from solutions/.")
         sources += [solution.read_text(), stub_for(solution)[0]]
     modules = set(EXTRA_MODULES) | {f"kvcourse.{m}" for m in EXERCISE_MODULES} | {"kvcourse"}
-    dunder_defs, dunder_attributes = set(), set(ALWAYS_DUNDER_ATTRIBUTES)
+    dunder_defs, dunder_attributes, bases = set(), set(ALWAYS_DUNDER_ATTRIBUTES), set()
     for text in sources:
         tree = ast.parse(text)
         modules |= _imported(tree)
@@ -172,6 +183,8 @@ def derive_policy(root: Path = ROOT) -> Policy:
                 dunder_attributes.add(node.attr)
             elif isinstance(node, ast.Name) and _dunder(node.id) and node.id not in FORBIDDEN_NAMES:
                 dunder_attributes.add(node.id)  # `__all__ = [...]`
+            elif isinstance(node, ast.ClassDef):
+                bases |= {ast.unparse(base) for base in node.bases}
     members = {}
     for name in modules:
         if name.startswith("kvcourse."):
@@ -179,7 +192,7 @@ def derive_policy(root: Path = ROOT) -> Policy:
             if not path.is_file():
                 path = root / Path(*name.split(".")) / "__init__.py"
             members[name] = _module_bindings(path)
-    return Policy(modules, dunder_defs, dunder_attributes, members)
+    return Policy(modules, dunder_defs, dunder_attributes, members, bases)
 
 
 def load_policy(root: Path = ROOT) -> Policy:
@@ -199,6 +212,7 @@ class _Checker(ast.NodeVisitor):
         self.module_names: dict[str, str] = {}  # local name -> module it is bound to
         self.imported_names: set[str] = set()  # names bound by `from X import name`
         self.docstrings: set[int] = set()
+        self.classes: set[str] = set()  # classes this module defined so far (a base may be one of them)
 
     def refuse(self, node: ast.AST, why: str) -> None:
         self.refusals.append(Refusal(self.path, getattr(node, "lineno", 0), why))
@@ -328,8 +342,22 @@ class _Checker(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._docstring(node.body)
         for base in node.bases:
-            if isinstance(base, ast.Name) and base.id in VALUE_TYPES:
-                self.refuse(node, f"class {node.name} subclasses {base.id}: return plain values, not a subclass.")
+            root = base.value if isinstance(base, ast.Subscript) else base  # Generic[T], Protocol[T]
+            name = root.id if isinstance(root, ast.Name) else None
+            if name in VALUE_TYPES:
+                self.refuse(node, f"class {node.name} subclasses {name}: return plain values, not a subclass.")
+            elif not (
+                name in self.classes
+                or name in SAFE_BASES
+                or _exception_name(name)
+                or ast.unparse(base) in self.policy.bases
+            ):
+                self.refuse(
+                    node,
+                    f"class {node.name} subclasses {ast.unparse(base)}: a subclass of a library's or the course's class "
+                    "could change what the tests see; return their own objects (your own classes are fine).",
+                )
+        self.classes.add(node.name)
         for keyword in node.keywords:
             self.refuse(node, f"class {node.name} passes {keyword.arg}=...: no exercise needs a metaclass.")
         self.generic_visit(node)
