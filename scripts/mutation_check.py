@@ -105,8 +105,8 @@ MUTANTS = [
            "if request.id in self.active_pool and request.is_prefill_done() and self._has_room(output):",
            "if request.id in self.active_pool and self._has_room(output):"),
     Mutant("2.5", "a complete request is never finished",
-           "            if request.is_complete():\n                self._finish(request)\n                finished.append(request)\n",
-           "            if request.is_complete():\n"),
+           "                self._finish(request)\n                finished.append(request)\n",
+           "                finished.append(request)\n"),
     Mutant("2.5", "a mid-prompt chunk gets a token",
            "            if not sequence.samples_token:\n                continue  # a prefill chunk that does not reach the end samples nothing\n", ""),
     Mutant("2.6", "admits in a step that preempted",
@@ -331,9 +331,11 @@ def check_mutant(mutant: Mutant) -> tuple[Mutant, str, str]:
             target.write_text(apply(mutant, target.read_text()))
         except ValueError as error:
             return mutant, "STALE", str(error)
+        started = time.perf_counter()
         done = run_tests(workdir, mutant.exercise)
+        seconds = time.perf_counter() - started
     if done.returncode == 1:
-        return mutant, "caught", first_failure(done.stdout)
+        return mutant, "caught", f"{first_failure(done.stdout)} ({seconds:.0f} s)"
     if done.returncode == 0:
         return mutant, "SURVIVED", "every test of the exercise passed"
     return mutant, "ERROR", f"pytest exit {done.returncode}: {done.stdout[-300:]}{done.stderr[-300:]}"
@@ -384,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         (eid for eid in EXERCISES if sum(m.exercise == eid for m in ALL_MUTANTS) < 2),
         key=lambda i: tuple(map(int, i.split("."))),
     )
+    learner = sum(m in LEARNER_MUTANTS for m in mutants)
+    print(f"({len(mutants) - learner} from this file's MUTANTS, {learner} from mutants_learner.py)")
     print(
         f"\n{len(results) - len(bad)} of {len(results)} mutants caught by their own exercise's tests "
         f"in {time.perf_counter() - start:.0f} s."

@@ -8,6 +8,7 @@ written: a new clause must come with a row (and a test).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import re
 import sys
@@ -42,6 +43,7 @@ def contract_digest(exercise_id: str) -> str:
     return hashlib.sha256(contract_comment(exercise_id).encode()).hexdigest()[:12]
 
 
+@functools.cache
 def marked_tests(path: Path) -> dict[str, set[str]]:
     """Test name -> the exercise markers on it (decorators, or `TestX = pytest.mark.exN_M(...)`)."""
     found: dict[str, set[str]] = {}
