@@ -19,13 +19,15 @@
 # | freed but not forgotten: LRU eviction | `BlockPool._maybe_evict_cached_block` | 4.4 |
 # | fork and copy-on-write for parallel sampling | `KVCacheManager.fork`, `_copy_on_write`, `take_pending_copies` | 4.5 |
 # | the copy-on-write decision | `KVCacheManager._shared_blocks_to_write` | 4.6 |
+# | eviction policies on real traffic: FIFO and LFU | `kvcourse/eviction.py`: `RankedBlockPool._pop_victim`, `eviction_key` | 4.7 |
 #
-# All in `kvcourse/kv_cache.py`, where your lesson 03 code already lives: sharing a hit is your
-# `BlockPool.touch` (3.2) and your `allocate_slots` (3.3), whose contract already covers hits and
-# copies. Each comment states a contract; `hint(id)` nudges, `hint(id, level=2)` gives the approach,
-# `solution(id)` the code. Then you measure what
-# sharing buys: the prefix hit rate and the blocks saved on a workload where every request shares a
-# long system prompt, and the memory that parallel sampling saves with fork.
+# Exercises 4.1 to 4.6 are in `kvcourse/kv_cache.py`, where your lesson 03 code already lives: sharing
+# a hit is your `BlockPool.touch` (3.2) and your `allocate_slots` (3.3), whose contract already covers
+# hits and copies. Each comment states a contract; `hint(id)` nudges, `hint(id, level=2)` gives the
+# approach, `solution(id)` the code. Then you measure what sharing buys: the prefix hit rate and the
+# blocks saved on a workload where every request shares a long system prompt, and the memory that
+# parallel sampling saves with fork. Last, real traffic: one hour of a production chatbot's requests
+# through your cache, the hit rate against the cache's size, and which block to evict (4.7).
 
 # %%
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
@@ -753,8 +755,8 @@ for label, gpu_replay in gpu_replays.items():
 
 # %% [markdown]
 # A prefix comes back minutes after its last use (most likely a user reading the answer and typing
-# the next turn), while one GPU's cache remembers well under a minute of this traffic: by the time the next
-# turn arrives, its conversation's blocks are gone. Mooncake's answer is the bet in its title,
+# the next turn), while one GPU's cache remembers well under a minute of this traffic: by the time
+# the next turn arrives, its conversation's blocks are gone. Mooncake's answer is the bet in its title,
 # *trading more storage for less computation*: a KV-cache pool in the CPU memory and SSDs of the whole
 # cluster, tens of millions of tokens, from which a prefill fetches its prefix instead of recomputing it.
 #
@@ -790,10 +792,10 @@ for label, gpu_replay in gpu_replays.items():
 check("4.7")
 
 # %% [markdown]
-# The three policies replay the chat trace at 1 and 10 million tokens: one GPU's worth, and where the
-# curve above climbs fastest, where the choice of victim matters most. Before you run it,
-# **predict**: at 1 million tokens, which policy serves the most prompt tokens from the cache: (a) LRU,
-# (b) FIFO, (c) LFU?
+# The three policies replay the chat trace at 1 million tokens (about one GPU's worth) and at 10
+# million (where the curve above climbs fastest), sizes at which the choice of victim can matter.
+# Before you run it, **predict**: at 1 million tokens, which policy serves the most prompt tokens from
+# the cache: (a) LRU, (b) FIFO, (c) LFU?
 
 # %%
 answer("4.e", None)
@@ -816,8 +818,8 @@ for capacity in eviction_capacities:
 # half a minute. At 10 million tokens LFU falls far behind. Its key puts every block just computed
 # (shared zero times) first in line, so a conversation's newest turn is evicted before anything that
 # was ever hit, though it is the prefix that conversation's next turn asks for; and a count never
-# decays, so blocks popular early in the hour stay. FIFO loses 0.1 to 3.3 points to LRU: it ignores what
-# a hit says, that a prefix is still in use. vLLM keeps LRU (its free queue, a request's tail first, as
+# decays, so blocks popular early in the hour stay. FIFO loses 0.1 to 3.3 points to LRU: it ignores
+# what a hit says, that a prefix is still in use. vLLM keeps LRU (its free queue, a request's tail first, as
 # you built). And what moves the curve most is capacity: a few points between policies at one size,
 # 24 points between 1 and 10 million tokens. `with_policy(KVCacheManager(...), FIFOBlockPool)` plugs a
 # policy into any manager; `python -m kvcourse.bench trace` runs the whole study.
