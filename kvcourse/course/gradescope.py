@@ -121,7 +121,7 @@ def find_submission(submission: Path) -> tuple[dict[str, str], list[str]]:
             elif module in found:
                 ignored.append(f"{shown} (another {module}.py was taken)")
             else:
-                found[module] = path.read_bytes().decode()
+                found[module] = path.read_bytes().decode("utf-8-sig")  # a Windows editor's BOM is not code
     if others:
         ignored.append(f"{others} other file(s): only the exercise modules are graded")
     return found, ignored
@@ -137,7 +137,7 @@ def _unreadable(path: Path) -> str | None:
     if info.st_size > MAX_MODULE_BYTES:
         return f"larger than {MAX_MODULE_BYTES >> 10} kB"
     try:
-        path.read_bytes().decode()
+        path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError:
         return "not UTF-8 text"
     return None
@@ -355,9 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("submission", type=Path)
     grade.add_argument("--out", type=Path, required=True, help="where to write results.json")
     grade.add_argument("--exercises", nargs="*", help="exercise ids (default: all)")
-    commands.add_parser("place", help="copy a submission's exercise modules into kvcourse/").add_argument(
-        "submission", type=Path
-    )
+    place_ = commands.add_parser("place", help="write a submission's exercise modules (stubs for the rest)")
+    place_.add_argument("submission", type=Path)
+    place_.add_argument("--into", type=Path, help="the course folder to write into (default: this one)")
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
@@ -366,10 +366,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.out}: the {len(names)} files above; upload it as the assignment's autograder "
                   "(Ubuntu 24.04 base image).")  # fmt: skip
         elif args.command == "grade":
+            for exercise_id in args.exercises or []:
+                if exercise_id not in EXERCISES:
+                    parser.error(f"unknown exercise {exercise_id!r}: choose from {', '.join(EXERCISES)}.")
             data = grade_submission(args.submission, args.out, args.exercises or None)
             print(f"score {data['score']} of {len(data['tests'])}; wrote {args.out}")
         else:
-            placed = place(args.submission)
+            if args.into is None and (ROOT / "solutions").is_dir():
+                parser.error(
+                    "place would overwrite the exercise modules of this clone (yours or an instructor's): pass "
+                    "--into DIR, a copy of the course, or grade the folder with `grade SUBMISSION_DIR --out FILE`."
+                )
+            placed = place(args.submission, args.into or ROOT)
             print(f"placed {', '.join(placed) or 'nothing'}; {len(EXERCISES)} exercises will be graded.")
     except GraderBroken as error:
         print(f"gradescope: {error}", file=sys.stderr)
