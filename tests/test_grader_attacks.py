@@ -231,6 +231,8 @@ def test_every_row_is_refused_by_the_static_check_and_the_reference_is_not():
         "from kvcourse import check",
         "import torch\nclass T(torch.Tensor):\n    def allclose(self, other, **kwargs):\n        return True",
         "from kvcourse.request import Request\nclass R(Request):\n    pass",
+        "from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS as A\nA['reference'] = len",
+        "from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS as A\nA.update(reference=len)",
         "import torch\nx = torch.UntypedStorage.from_file('tests/exercises/test_ex0_memory.py')",
     ]
     for text in more:

@@ -2,7 +2,7 @@
 
     python -m kvcourse.course.gradescope build autograder.zip          # the zip to upload as the autograder
     python -m kvcourse.course.gradescope grade SUBMISSION_DIR --out results.json   # grade one submission, safely
-    python -m kvcourse.course.gradescope place SUBMISSION_DIR          # copy a submission's modules into kvcourse/
+    python -m kvcourse.course.gradescope place SUBMISSION_DIR --into COURSE_COPY   # write its modules, stubs for the rest
 
 The zip holds exactly the tracked course files the grading needs, with fresh stubs (never the reference: a
 submission could import it), a `setup.sh` that installs it and a `run_autograder` that runs `grade` on

@@ -71,6 +71,8 @@ FORBIDDEN_ATTRIBUTES = {
 }  # fmt: skip
 VALUE_TYPES = {"int", "float", "bool", "complex", "str", "bytes", "tuple", "list", "dict", "set", "frozenset", "type"}
 ALWAYS_DUNDER_ATTRIBUTES = {"__name__"}
+MUTATORS = {"update", "clear", "pop", "popitem", "setdefault", "append", "extend", "insert", "remove", "add", "discard",
+            "sort", "reverse", "appendleft", "popleft", "extendleft", "rotate"}  # fmt: skip
 SAFE_BASES = {"object", "Protocol", "Generic", "NamedTuple", "Enum", "IntEnum", "ABC", "TypedDict"}
 
 
@@ -301,8 +303,22 @@ class _Checker(ast.NodeVisitor):
                 return
             inside = False
 
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        root = node.value
+        while isinstance(root, (ast.Attribute, ast.Subscript)):
+            root = root.value
+        owned = isinstance(root, ast.Name) and (root.id in self.module_names or root.id in self.imported_names)
+        if isinstance(node.ctx, (ast.Store, ast.Del)) and owned:
+            self.refuse(
+                node, f"changes `{ast.unparse(node)}`, which belongs to another module: change only your own code."
+            )
+        self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        target = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+        if target and func.attr in MUTATORS and (target in self.imported_names or target in self.module_names):
+            self.refuse(node, f"calls `{ast.unparse(func)}`, which changes another module's data: copy it first.")
         if isinstance(func, ast.Name):
             if func.id == "getattr":
                 name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
