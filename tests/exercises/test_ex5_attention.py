@@ -69,11 +69,10 @@ def write(keys, values, key_cache, value_cache, slots) -> None:
         attention.write_to_cache(keys, values, key_cache, value_cache, slots)
     except RuntimeError as error:
         if "dtype" in str(error).lower() or "Half" in str(error) or "BFloat16" in str(error):
-            pytest.fail(
+            raise AssertionError(
                 f"write_to_cache stores keys and values in the cache's dtype ({key_cache.dtype}); they came as "
-                f"{keys.dtype} and the write failed ({str(error).splitlines()[0]}): cast them to the cache's dtype",
-                pytrace=False,
-            )
+                f"{keys.dtype} and the write failed ({str(error).splitlines()[0]}): cast them to the cache's dtype"
+            ) from error
         raise
 
 
@@ -228,12 +227,11 @@ def test_gather_kv_never_reads_the_padding():
     padded = torch.cat([padded, torch.full((3,), 10**6, dtype=padded.dtype)])
     try:
         got = attention.gather_kv(key_cache, padded, 5)
-    except IndexError:
-        pytest.fail(
+    except IndexError as error:
+        raise AssertionError(
             "gather_kv read a padding entry of the block table: only the first ceil(seq_len / block_size) entries "
-            "are blocks of the sequence",
-            pytrace=False,
-        )
+            "are blocks of the sequence"
+        ) from error
     assert torch.equal(got, keys[0]), "gather_kv did not return the sequence's tokens in order"
 
 
