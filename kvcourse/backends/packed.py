@@ -41,23 +41,44 @@ def can_pack(model: torch.nn.Module) -> bool:
     return why_not_packable(model) is None and model.get_input_embeddings().embedding_dim >= MIN_PACKED_WIDTH
 
 
+def _one_call_linear() -> bool:
+    """Whether this torch has oneDNN's one-call linear on a reordered weight (what torch.compile's CPU backend calls)."""
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
 class PackedLinear(torch.nn.Module):
-    """One linear layer (`Conv1D` or `nn.Linear`) with its weight converted for oneDNN."""
+    """One linear layer (`Conv1D` or `nn.Linear`) with its weight converted for oneDNN.
+
+    `torch.ops.mkldnn._linear_pointwise` takes and returns ordinary tensors, so a product is one call;
+    `torch.utils.mkldnn.MkldnnLinear` (the fallback) converts its input to oneDNN's format and its
+    output back, three calls, for the same result bit for bit: at 8 rows (a decode step) the one call
+    costs about half the CPU time, at 512 rows 10-40% less (GPT-2 small's shapes, 2026-12-02).
+    """
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
-        dense = torch.nn.Linear(1, 1, bias=module.bias is not None)
         weight = module.weight.detach()
-        dense.weight = torch.nn.Parameter(weight.t() if isinstance(module, Conv1D) else weight, requires_grad=False)
-        if dense.bias is not None:
-            dense.bias = torch.nn.Parameter(module.bias.detach(), requires_grad=False)
-        self.linear = MkldnnLinear(dense, torch.float32)
-        self.out_features = dense.weight.shape[0]
+        weight = (weight.t() if isinstance(module, Conv1D) else weight).contiguous()  # [out, in]
+        bias = module.bias.detach() if module.bias is not None else None
+        self.out_features = weight.shape[0]
+        if _one_call_linear():
+            self.weight, self.bias = torch.ops.mkldnn._reorder_linear_weight(weight, None), bias
+            self.linear = None
+        else:
+            dense = torch.nn.Linear(1, 1, bias=bias is not None)
+            dense.weight = torch.nn.Parameter(weight, requires_grad=False)
+            if bias is not None:
+                dense.bias = torch.nn.Parameter(bias, requires_grad=False)
+            self.linear = MkldnnLinear(dense, torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The same product as the dense layer, any number of leading dimensions."""
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        return self.linear(rows).view(*x.shape[:-1], self.out_features)
+        if self.linear is None:
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")
+        else:
+            out = self.linear(rows)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 class PackedWeights:

@@ -21,8 +21,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from kvcourse.bench.common import device_name, emit, not_written, parse_args, progress, run_reference, whose_code
-from kvcourse.bench.throughput import pinned_threads
+from kvcourse.bench.common import (
+    device_name,
+    emit,
+    not_written,
+    parse_args,
+    pinned_threads,
+    progress,
+    run_reference,
+    whose_code,
+)
 
 HEADS, HEAD_DIM, BLOCK_SIZE = 12, 64, 16  # GPT-2 small
 SPEC_PEAK_BYTES_PER_S = {  # public spec sheets: HBM bandwidth, for the fraction-of-peak column only

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvcourse.bench.kernel import copy_bandwidth, time_call
+
 
 @dataclass(frozen=True)
 class StepShape:
@@ -121,8 +123,6 @@ class Limits:
 
 def matmul_rate(rows: int, k: int, n: int, dtype: torch.dtype, cuda: bool) -> float:
     """FLOPs per second of [rows, k] × [k, n] by the fastest product this process has."""
-    from kvcourse.bench.kernel import time_call
-
     device = "cuda" if cuda else "cpu"
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, k, generator=gen, device=device, dtype=dtype)
@@ -143,8 +143,6 @@ def matmul_rate(rows: int, k: int, n: int, dtype: torch.dtype, cuda: bool) -> fl
 
 def measure_limits(cost: ModelCost, rows: int, dtype: torch.dtype, cuda: bool) -> Limits:
     """Copy bandwidth and the rate of every weight shape the model multiplies by, at `rows` rows."""
-    from kvcourse.bench.kernel import copy_bandwidth
-
     shapes = [(i, o) for i, o, _ in cost.linear_shapes] + [cost.head_shape]
     rates = {shape: matmul_rate(rows, *shape, dtype, cuda) for shape in dict.fromkeys(shapes)}
     return Limits(copy_bandwidth(cuda, quick=False), rows, rates)

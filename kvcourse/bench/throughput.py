@@ -447,6 +447,23 @@ def print_breakdown(result: dict) -> None:
         )
 
 
+def plot_roofline(result: dict, ax=None):
+    """Each kvcourse system's wall time beside the least its steps could take here (memory or arithmetic, per step)."""
+    import matplotlib.pyplot as plt
+
+    roof = result["roofline"]
+    names = ordered(roof["bound"])
+    ax = ax or plt.subplots(figsize=(7, 0.8 + 0.45 * len(names)))[1]
+    ax.barh(names, [result["seconds"][n] for n in names], color="#4c956c", label="measured run time")
+    ax.barh(names, [roof["bound"][n]["seconds"] for n in names], height=0.35, color="#3d405b", label="roofline bound")
+    for y, name in enumerate(names):
+        ax.text(result["seconds"][name], y, f" {roof['time_over_bound'][name]:.2f}x", va="center", fontsize=8)
+    ax.set(xlabel="seconds for the whole workload", title=f"kvcourse against this machine's limits ({result['model']})")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.invert_yaxis()
+    return ax
+
+
 def plot_breakdown(result: dict, ax=None):
     """One horizontal bar per kvcourse system, split by part of a step (shares of its wall time)."""
     import matplotlib.pyplot as plt
