@@ -46,6 +46,8 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst), before the model
     preempted_req_ids: list[int] = field(default_factory=list)  # preempted while planning this step
     finished_req_ids: list[int] = field(default_factory=list)  # settled since the previous step (free their state)
+    swapped_out: dict[int, int] = field(default_factory=dict)  # swap mode: request id -> tokens whose K/V went out
+    swapped_in: dict[int, int] = field(default_factory=dict)  # swap mode: request id -> tokens whose K/V came back
     total_num_scheduled_tokens: int = field(init=False, default=0)  # tokens fed in this step (kept up to date)
 
     def __post_init__(self) -> None:

@@ -154,7 +154,9 @@ class StallFreeScheduler:
     # ----------------------------------------------------------------------------- one step
     def schedule_next_batch(self) -> SchedulerOutput:
         """Plan one step, then apply it: decodes, the prefill in progress, admissions (see the module docstring)."""
-        output = SchedulerOutput(block_ids={}, finished_req_ids=self._take_finished_req_ids())
+        finished_req_ids = [r.id for r in self.finished[self._num_finished_reported :]]  # since the last step
+        self._num_finished_reported = len(self.finished)
+        output = SchedulerOutput(block_ids={}, finished_req_ids=finished_req_ids)
         # Exercise 2.4: plan the running requests.
         #   Adds to `output`, through self._schedule_running(request, num_new_tokens, output) (it secures
         #   the memory, preempting if it must, and returns False when the request got nothing), in this
@@ -306,12 +308,6 @@ class StallFreeScheduler:
             output.block_ids[request_id] = manager.get_block_ids(request)
         output.blocks_to_copy = manager.take_pending_copies()
 
-    def _take_finished_req_ids(self) -> list[int]:
-        """Requests settled since the previous step, so the executor drops their state (vLLM's finished_req_ids)."""
-        ids = [r.id for r in self.finished[self._num_finished_reported :]]
-        self._num_finished_reported = len(self.finished)
-        return ids
-
     # ----------------------------------------------------------------------------- memory pressure
     def _preempt_victim(self, output: SchedulerOutput) -> Request:
         """Preempt by the policy, while planning: the victim leaves the plan; in swap mode its K/V goes to the CPU pool."""
@@ -322,6 +318,7 @@ class StallFreeScheduler:
         if self.preemption_mode == "swap" and self._move_to_cpu(victim, computed[victim.id]):
             self.num_swapped_out_tokens += computed[victim.id]
             self.num_swaps += 1
+            output.swapped_out[victim.id] = computed[victim.id]
         return victim
 
     def _preempt_most_recent(self) -> Request:
@@ -389,6 +386,7 @@ class StallFreeScheduler:
             return False
         self.num_swapped_in_tokens += kept
         self.num_swaps += 1
+        output.swapped_in[request.id] = kept
         output.add(sequence, self.kv_cache_manager.get_block_ids(request))  # every GPU block is new
         return True
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from kvcourse.contract import SchedulerProtocol
 from kvcourse.engine import EngineCore, StepRecord, Trace
 from kvcourse.request import Request
+from kvcourse.sched_output import SchedulerOutput
 from kvcourse.toy.executor import ToyExecutor
 
 
@@ -141,12 +142,12 @@ def serve(
     executor = executor if executor is not None else UnpagedToyExecutor()
     core = EngineCore(scheduler, executor)
 
-    def step() -> StepRecord:
+    def step() -> tuple[StepRecord, SchedulerOutput]:
         record = core.step()
         core.trace.steps.append(record)
         for request_id in record.finished:
             executor.release(request_id)
-        return record
+        return record, core.last_output
 
     def add(request: Request) -> Request:
         scheduler.add_request(request)
@@ -171,9 +172,9 @@ def serve_engine(
     trace = engine.core.trace = engine.core.new_trace()
     pairs = [(t, (prompt, max_new_tokens)) for t, prompt, max_new_tokens in arrivals]
 
-    def step() -> StepRecord:
+    def step() -> tuple[StepRecord, SchedulerOutput]:
         engine.step(trace=True)
-        return trace.steps[-1]
+        return trace.steps[-1], engine.core.last_output
 
     def add(item: tuple) -> Request:
         request = engine.add_request(*item)
@@ -208,17 +209,10 @@ def _loop(scheduler, arrivals, add, step, clock, steps_done, max_iterations: int
             continue
         if steps_done() >= max_iterations:
             raise RuntimeError(f"the run did not finish within {max_iterations} steps; is the scheduler stuck?")
-        swapped = _swap_counts(scheduler)
-        record = step()
-        transfers, tokens = (after - before for after, before in zip(_swap_counts(scheduler), swapped))
-        clock.after_step(record.num_tokens, transfers, tokens)
+        record, plan = step()  # the step's record and its plan (the plan says what was swapped)
+        transfers = len(plan.swapped_out) + len(plan.swapped_in)
+        clock.after_step(record.num_tokens, transfers, sum(plan.swapped_out.values()) + sum(plan.swapped_in.values()))
         for (request_id, _, _), samples in zip(record.scheduled, record.samples):
             if samples:
                 times[request_id].token_times.append(clock.now)
     return [times[rid] for rid in sorted(times)]
-
-
-def _swap_counts(scheduler) -> tuple[int, int]:
-    """Swap transfers so far, and the tokens they moved out and in (0, 0 for a scheduler without swap)."""
-    moved = getattr(scheduler, "num_swapped_out_tokens", 0) + getattr(scheduler, "num_swapped_in_tokens", 0)
-    return getattr(scheduler, "num_swaps", 0), moved
