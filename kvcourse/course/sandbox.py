@@ -281,6 +281,7 @@ class ChildRun:
     ending: str = ""  # "" when it reported "done"; else why it stopped, in words
     violation: dict | None = None
     log_tail: str = ""
+    out_of_time: str = "the whole grading run's time limit ran out."  # what reaching the child's deadline means
 
 
 def child_env(work: Path, course: Path) -> dict[str, str]:
@@ -307,7 +308,9 @@ def child_env(work: Path, course: Path) -> dict[str, str]:
     }
 
 
-def run_child(zygote: Zygote, request: dict, who: Identity, limits: Limits, wall_s: float) -> ChildRun:
+def run_child(
+    zygote: Zygote, request: dict, who: Identity, limits: Limits, wall_s: float, out_of_time: str | None = None
+) -> ChildRun:
     """Fork one confined child on `request`, read its events until it is done, dies, breaks a rule or stays silent."""
     work = Path(tempfile.mkdtemp(prefix="child-", dir=zygote.scratch))
     log_path = work / "output.log"
@@ -317,7 +320,7 @@ def run_child(zygote: Zygote, request: dict, who: Identity, limits: Limits, wall
         os.chown(log_path, who.uid, who.gid)
     os.chmod(work, 0o700)
     read_fd, write_fd = os.pipe()
-    run = ChildRun()
+    run = ChildRun(out_of_time=out_of_time or ChildRun.out_of_time)
     full = {**request, "uid": who.uid, "gid": who.gid, "work": str(work), "log": str(log_path),
             "cpu_s": int(wall_s) + 5, "limits": vars(limits)}  # fmt: skip
     try:
@@ -346,12 +349,12 @@ def _read_events(read_fd: int, run: ChildRun, limits: Limits, deadline: float) -
     while not done:
         left = deadline - time.monotonic()
         if left <= 0:
-            run.ending = "the whole grading run's time limit ran out."
+            run.ending = run.out_of_time
             return
         ready, _, _ = select.select([read_fd], [], [], min(silence, left))
         if not ready:
             if time.monotonic() >= deadline:
-                run.ending = "the whole grading run's time limit ran out."
+                run.ending = run.out_of_time
             else:
                 run.ending = (
                     f"the tests stopped reporting for {silence:.0f} s (an endless loop, or a sleep?) and were stopped."
@@ -544,7 +547,11 @@ def _grade(zygote, exercises, stubs, submitted, limits, refused, deadline, who, 
             "submitted": sorted(paths.values()),
             "guards": guards,
         }
-        run = run_child(zygote, request, who, limits, left)
+        # A fair share of what is left, so that one module's slow hangs cannot starve the modules after it.
+        todo = sum(ex.id not in grading.results for ex in exercises)
+        wall = min(left, max(90.0, 2 * left * len(group) / max(todo, 1)))
+        why = None if wall >= left else f"these exercises used up their share of the run's time ({wall:.0f} s)."
+        run = run_child(zygote, request, who, limits, wall, why)
         running = grading.record(run.events, group)
         log(f"sandbox: {', '.join(ex.id for ex in group)}: {run.ending or 'done'}")
         if not run.ending and not run.violation:
