@@ -442,12 +442,11 @@ def explain(refusals: list[Refusal], limit: int = 5) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print what the grader would refuse in the given files; `--write-policy` writes grader_policy.json."""
+    """Print what the grader would refuse in the given files (the policy itself ships only inside the autograder)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--write-policy"]:
-        POLICY_FILE.write_text(json.dumps(derive_policy().to_json(), indent=1) + "\n")
-        print(f"wrote {POLICY_FILE}")
-        return 0
+    if not argv:
+        print("usage: python -m kvcourse.course.static_check FILE.py [...]", file=sys.stderr)
+        return 2
     policy, bad = load_policy(), 0
     for name in argv:
         path = Path(name)
