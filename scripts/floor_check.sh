@@ -37,10 +37,10 @@ print(f"floor set: Python {sys.version.split()[0]}, " + ", ".join(f"{n} {version
 EOF
 
 [ -n "$(ls gpu_wheels/*.whl 2>/dev/null)" ] || scripts/gpu_wheels.sh
-PYTHON="$VENV/bin/python" scripts/gpu_check.sh --kit build/gpu-kit
+PYTHON="$VENV/bin/python" scripts/gpu_check.sh --kit "$PWD/build/gpu-kit"
 
 # pyproject's addopts name nbval's options (a maintainers' tool): cleared, as on a GPU image.
-KVCOURSE_SOLUTIONS=1 HF_HUB_OFFLINE=1 PYTHONPATH="build/gpu-kit:$PWD" "$VENV/bin/python" -m pytest \
+KVCOURSE_SOLUTIONS=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/build/gpu-kit:$PWD" "$VENV/bin/python" -m pytest \
     -o addopts="--strict-markers" -p no:cacheprovider -q \
     tests/exercises tests/test_engine.py tests/test_paged_attention.py tests/test_kernel_compile.py \
     tests/test_fast_attention.py tests/test_packed_weights.py tests/test_models.py

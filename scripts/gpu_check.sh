@@ -100,7 +100,7 @@ print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.
 EOF
 
 echo "== 2/5 kit"
-KIT=build/gpu-kit
+KIT="$PWD/build/gpu-kit"
 install_kit "$KIT"
 export PYTHONPATH="$KIT:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 work=$(mktemp -d)
