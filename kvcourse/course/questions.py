@@ -298,6 +298,14 @@ _QUESTIONS = [
         digest="a9e5dc2c0e994836c2f6479473581d6145455a35668c3ef2241ce4326c2c720b",
     ),
     Question(
+        id="7.d",
+        notebook="07",
+        prompt="Chat trace, one GPU's prefix cache serving about 8% of the prompt tokens: median TTFT falls by (a) under 10%, (b) 10 to 30%, (c) 30 to 60%, (d) over 60%",
+        kind="choice",
+        choices=("a", "b", "c", "d"),
+        digest="ac41a2b4bb341b5a2625c502c7a6c2ef167fb84a4c240f2c2d2a36b8498cbbe0",
+    ),
+    Question(
         id="9.a",
         notebook="09",
         prompt="Budget 16, running A (decode), P (30 tokens to go), B and C (decodes): how many of the "
