@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvcourse.contract import blocks_needed
 from kvcourse.request import Request, RequestStatus
 
 TRACE_DIR = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "mooncake"
@@ -70,7 +71,7 @@ def _parse(line: str, where: str) -> TraceRequest:
             f"{where}: not a trace request ({error!r}); each line must be a JSON object with "
             "timestamp, input_length, output_length and hash_ids."
         ) from None
-    expected = -(-request.input_length // TRACE_BLOCK_SIZE)
+    expected = blocks_needed(request.input_length, TRACE_BLOCK_SIZE)
     if request.input_length <= 0 or len(request.hash_ids) != expected:
         raise ValueError(
             f"{where}: input_length {request.input_length} needs {expected} hash ids of "

@@ -31,6 +31,7 @@ from kvcourse.bench.common import (
     run_reference,
     whose_code,
 )
+from kvcourse.contract import blocks_needed
 
 HEADS, HEAD_DIM, BLOCK_SIZE = 12, 64, 16  # GPT-2 small
 SPEC_PEAK_BYTES_PER_S = {  # public spec sheets: HBM bandwidth, for the fraction-of-peak column only
@@ -54,7 +55,7 @@ def make_inputs(batch: int, context: int, dtype, device: str, seed: int = 0) -> 
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: GBs on a GPU
-    per_seq = -(-context // BLOCK_SIZE)
+    per_seq = blocks_needed(context, BLOCK_SIZE)
     num_blocks = batch * per_seq
     shape = (num_blocks, BLOCK_SIZE, HEADS, HEAD_DIM)
     key_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)

@@ -45,6 +45,7 @@ from kvcourse.bench.common import (
     run_reference,
     whose_code,
 )
+from kvcourse.contract import blocks_needed
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def make_workload(s: Settings, seed: int = 0, vocab: int = 50257) -> Workload:
 
 def num_blocks_for(s: Settings, block_size: int) -> int:
     """Blocks enough for a full batch of the longest requests: memory is not what limits here."""
-    return s.max_batch_size * -(-s.max_len // block_size) + 1
+    return s.max_batch_size * blocks_needed(s.max_len, block_size) + 1
 
 
 def hf_static(model, work: Workload, s: Settings) -> list[list[int]]:
