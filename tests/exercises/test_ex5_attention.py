@@ -546,7 +546,7 @@ def test_token_layout_uses_no_python_loop_over_tokens():
     )
     assert lines <= 400 and calls <= 400, (
         f"token_layout ran {lines} Python lines and {calls} torch calls for about 4,000 tokens: a loop over tokens "
-        "(or sequences) does not scale with the batch; build positions and slots with tensor operations "
+        "does not scale with the batch; build positions and slots with tensor operations "
         "(torch.repeat_interleave, torch.arange, indexing)"
     )
     seq = torch.repeat_interleave(torch.arange(40), num_tokens)
