@@ -216,6 +216,23 @@ throughput.plot_breakdown(tp)
 plt.show()
 
 # %% [markdown]
+# **Against the machine's own limit.** Ratios to Hugging Face say who is faster, not how fast anyone
+# could be. So the study also measures, in the same run, what this machine can do at best: its memory
+# bandwidth (a 256 MiB copy) and the rate of its matrix multiplies at the shapes a step uses (each of the
+# model's weight shapes, at the run's largest step, by the fastest product PyTorch has here). Every engine
+# step must read each weight once, and the cached keys and values its sequences attend to, and must do its
+# multiplies; whichever takes longer at those rates is the least that step can take. Summed over the run's
+# steps, that is the **roofline bound** (after the roofline model of Williams, Waterman and Patterson);
+# `time / bound` in the table above is each kvcourse system's wall time over it: 1.0 would be at the
+# machine's limit, and no engine, ours or anyone's, can go below it on this machine.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+throughput.print_roofline(tp)
+throughput.plot_roofline(tp)
+plt.show()
+
+# %% [markdown]
 # With your reference attention the model's own matrix multiplies are not all there is: attention
 # walks the batch one sequence at a time, a few small tensor operations per sequence per layer, and
 # on the tiny model those dominate. The fast backend does the same arithmetic in a fixed handful of
@@ -308,21 +325,26 @@ for size, tps in tp["block_size_sweep"]["tokens_per_s"].items():
 # %% [markdown]
 # ## 5. GPU figures
 #
-# The throughput and kernel studies mean most on a GPU. Their JSON, from
-# `python -m kvcourse.bench throughput --json` and `python -m kvcourse.bench kernel --json` run once on
-# a CUDA machine, is committed as `notebooks/data/gpu_throughput.json` and
-# `notebooks/data/gpu_kernel.json` (the last line of each command), and plotted here with the device and
-# date it came from.
+# The throughput and kernel studies mean most on a GPU. `scripts/gpu_check.sh` runs them on a CUDA
+# machine with no network (after `scripts/gpu_wheels.sh` has fetched, elsewhere, the two small wheels such
+# a machine lacks; CONTRIBUTING.md gives the commands), together with every GPU test, and commits its JSON
+# as `notebooks/data/gpu_tests.json`, `gpu_throughput.json` and `gpu_kernel.json`, plotted here with the
+# device, date and versions they came from.
 
 # %%
 gpu_files = sorted(Path("data").glob("gpu_*.json"))
 if not gpu_files:
     print(
-        "GPU figures are still due: no notebooks/data/gpu_*.json yet (run the throughput and kernel studies on a CUDA machine)."
+        "GPU figures are still due: no notebooks/data/gpu_*.json yet. The kit is ready: "
+        "scripts/gpu_wheels.sh, then scripts/gpu_check.sh on the GPU machine (CONTRIBUTING.md)."
     )
 for path in gpu_files:
     result = json.loads(path.read_text())
-    print(f"{path.name}: {result['study']} study on {result['device']}, {result['date']}")
+    versions = result.get("versions") or {k: result[k] for k in ("torch", "transformers", "triton") if k in result}
+    print(
+        f"{path.name}: {result['study']} on {result['device']}, {result['date']}; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+    )
     if result["study"] == "throughput":
         throughput.print_table(result)
         throughput.plot(result)
@@ -345,13 +367,13 @@ for path in gpu_files:
 # | `request.py` · `Request`, `RequestStatus` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
 # | `contract.py` · `KVCacheBlocks` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheBlocks` |
 # | `contract.py` · `MockKVCacheManager` | none: a teaching double that only counts blocks |
-# | `kv_cache.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` | `vllm/v1/core/kv_cache_utils.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` |
+# | `kv_cache_utils.py` · `KVCacheBlock`; `kv_cache.py` · `FreeKVCacheBlockQueue` | `vllm/v1/core/kv_cache_utils.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` |
 # | `kv_cache.py` · `hash_block_tokens` | `vllm/v1/core/kv_cache_utils.py` · `hash_block_tokens` |
 # | `kv_cache.py` · `BlockPool` | `vllm/v1/core/block_pool.py` · `BlockPool` |
 # | `kv_cache.py` · `KVCacheManager` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheManager` |
-# | `kv_cache.py` · `PrefixCacheStats` | `vllm/v1/metrics/stats.py` · `PrefixCacheStats` |
+# | `kv_cache_utils.py` · `PrefixCacheStats` | `vllm/v1/metrics/stats.py` · `PrefixCacheStats` |
 # | `scheduler.py` · `StallFreeScheduler` | `vllm/v1/core/sched/scheduler.py` · `Scheduler` |
-# | `scheduler.py` · `ScheduledSequence` | `vllm/v1/core/sched/output.py` · `SchedulerOutput`, `NewRequestData`, `CachedRequestData` |
+# | `sched_output.py` · `SchedulerOutput`, `ScheduledSequence` | `vllm/v1/core/sched/output.py` · `SchedulerOutput`, `NewRequestData`, `CachedRequestData` |
 # | `model_runner.py` · `ModelRunner`, `prepare_inputs` | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner` (`prepare_inputs`, `execute_model`): Model Runner V2, the default; the older `vllm/v1/worker/gpu_model_runner.py` · `GPUModelRunner` is the fallback for features V2 lacks |
 # | `paged_cache.py` · `PagedKVCache` (one K and one V tensor per layer) | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner.initialize_kv_cache` |
 # | `attention.py` · `write_to_cache` | `vllm/_custom_ops.py` · `reshape_and_cache_flash` (a CUDA kernel) |
