@@ -64,10 +64,12 @@ def blind(lengths=(9, 5, 14), new_tokens=(4, 6, 3), budget: int = 16, batch: int
 def test_a_run_gives_the_outputs_of_generating_each_request_alone():
     scheduler, requests = blind((40, 12, 70, 25, 9), (12, 30, 5, 17, 8), budget=32, batch=3)
     trace = run(scheduler)
-    assert all(r.status is RequestStatus.FINISHED for r in requests)
+    assert all(r.status is RequestStatus.FINISHED for r in requests), "every request should finish, step after step"
     for request in requests:
-        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens)
-    assert len(trace.steps) == trace.steps[-1].iteration
+        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), (
+            "a request's outputs differ from generating it alone: the step must hand the update exactly the sampled tokens"
+        )
+    assert len(trace.steps) == trace.steps[-1].iteration, "each engine step should make exactly one step of the run"
 
 
 def test_each_step_plans_once_runs_that_plan_and_hands_back_its_tokens():
@@ -95,9 +97,11 @@ def test_the_step_returns_what_the_update_finished():
         recording.events.clear()
         record = core.step()
         update = recording.events[-1]
-        assert record.finished == [r.id for r in update[3]]
+        assert record.finished == [r.id for r in update[3]], "the step must return what update_from_output returned"
         finished_ids += record.finished
-    assert sorted(finished_ids) == sorted(r.id for r in requests)
+    assert sorted(finished_ids) == sorted(r.id for r in requests), (
+        "every request should be returned once, as it finishes"
+    )
 
 
 def test_each_phase_is_timed_in_the_record():
@@ -106,7 +110,7 @@ def test_each_phase_is_timed_in_the_record():
     assert set(record.seconds) == {"schedule", "execute", "update"}, (
         f"each of the three calls should run inside its own core.phase(...); phases timed: {sorted(record.seconds)}"
     )
-    assert all(seconds >= 0 for seconds in record.seconds.values())
+    assert all(seconds >= 0 for seconds in record.seconds.values()), "a phase's time cannot be negative"
     assert record.scheduled, "the step's plan must be recorded (core.phase('execute', scheduler_output))"
 
 
@@ -186,7 +190,9 @@ def test_a_fault_in_the_update_fails_the_plan_and_the_engine_goes_on():
         core.step()
     for request in requests:
         if request not in failed:
-            assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens)
+            assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), (
+                "after a fault, the requests it did not touch should run on to the right outputs"
+            )
 
 
 def test_a_plan_with_a_request_that_is_not_running_is_refused_before_it_runs():
@@ -202,7 +208,7 @@ def test_a_plan_with_a_request_that_is_not_running_is_refused_before_it_runs():
     recording = Recording(scheduler, ToyExecutor())
     with pytest.raises(BatchContractError, match="not running"):
         EngineCore(scheduler, recording.executor).step()
-    assert recording.names() == ["schedule"]
+    assert recording.names() == ["schedule"], "a plan the core refuses must not be run or updated"
 
 
 def test_the_step_is_the_one_every_engine_uses():
@@ -212,4 +218,6 @@ def test_the_step_is_the_one_every_engine_uses():
         scheduler.add_request(request)
     recording = Recording(scheduler, ToyExecutor())
     run(scheduler, recording.executor)
-    assert recording.names().count("schedule") == recording.names().count("update") > 0
+    assert recording.names().count("schedule") == recording.names().count("update") > 0, (
+        "every step should plan once and update once"
+    )

@@ -49,7 +49,7 @@ def decoding(
         max_new_tokens=max_new_tokens,
         output_tokens=list(outputs),
     )
-    assert manager.allocate_slots(request, request.num_tokens - 1) is not None
+    assert manager.allocate_slots(request, request.num_tokens - 1) is not None, "(setup) the mock is too small"
     request.num_computed_tokens = request.num_tokens - 1
     request.status = RequestStatus.RUNNING
     scheduler.active_pool[request.id] = request
@@ -61,7 +61,7 @@ def prefilling(
 ) -> Request:
     """A running request in the middle of its (chunked) prompt: `computed` tokens cached, blocks held."""
     request = Request(id=request_id, prompt_tokens=prompt(prompt_len, 100 * request_id + 1), max_new_tokens=4)
-    assert manager.allocate_slots(request, computed) is not None
+    assert manager.allocate_slots(request, computed) is not None, "(setup) the mock is too small"
     request.num_computed_tokens = computed
     request.status = RequestStatus.RUNNING
     scheduler.active_pool[request.id] = request
@@ -71,7 +71,7 @@ def prefilling(
 def hold_blocks(manager: MockKVCacheManager, num_tokens: int) -> Request:
     """Someone else's request holding blocks, so that memory is short."""
     other = Request(id=999, prompt_tokens=[0] * num_tokens, max_new_tokens=0)
-    assert manager.allocate_slots(other, num_tokens) is not None
+    assert manager.allocate_slots(other, num_tokens) is not None, "(setup) the mock is too small"
     return other
 
 
@@ -166,7 +166,9 @@ def test_decode_takes_a_new_block_only_at_a_block_boundary_and_the_plan_says_whi
     inside = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5, 6])  # 9 cached: room left
     free_before = manager.get_num_free_blocks()
     output = plan()
-    assert scheduler._schedule_running(at_boundary, 1, output) and scheduler._schedule_running(inside, 1, output)
+    assert scheduler._schedule_running(at_boundary, 1, output) and scheduler._schedule_running(inside, 1, output), (
+        "a decode with memory to spare should be planned (True)"
+    )
     assert len(manager.get_block_ids(at_boundary)) == 3, "a decode past a full block must allocate one more block"
     assert len(manager.get_block_ids(inside)) == 3, "a decode that fits the last block must not allocate another"
     assert manager.get_num_free_blocks() == free_before - 1, "the decodes took the wrong number of blocks"
@@ -217,7 +219,7 @@ def test_the_first_chunk_is_cut_to_the_budget_left():
     request = Request(id=0, prompt_tokens=prompt(40), max_new_tokens=3)
     queue(scheduler, request)
     output = plan()
-    assert scheduler._admit(request, 16, output) is True
+    assert scheduler._admit(request, 16, output) is True, "a request whose first chunk fits should be admitted (True)"
     [seq] = list(output)
     assert seq.tokens == request.prompt_tokens[:16], "the first chunk should be 16 prompt tokens"
     assert not seq.samples_token, "a chunk that does not complete the prompt samples nothing"
@@ -275,7 +277,7 @@ def test_admission_uses_prefix_cache_hits():
     request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=2)
     queue(scheduler, request)
     output = plan()
-    assert scheduler._admit(request, 64, output) is True
+    assert scheduler._admit(request, 64, output) is True, "a request that fits should be admitted (True)"
     assert manager.calls and manager.calls[0] == (12, 8), (
         "allocate_slots should be asked for the 12 tokens after the 8 cache hits, and told about the hits"
     )
@@ -519,7 +521,9 @@ def test_admissions_come_after_the_running_requests():
     queue(scheduler, newcomer)
     output = scheduler.schedule_next_batch()
     assert [s.request_id for s in output] == [0, 1, 4], "admissions come last, after the decodes and the prefill"
-    assert output[2].tokens == newcomer.prompt_tokens and newcomer.status is RequestStatus.RUNNING
+    assert output[2].tokens == newcomer.prompt_tokens and newcomer.status is RequestStatus.RUNNING, (
+        "the newcomer should be admitted with its whole prompt after the running requests"
+    )
 
 
 @pytest.mark.ex2_6
@@ -777,3 +781,364 @@ def test_a_rejected_request_does_not_stop_the_others():
             "a request's outputs are wrong"
         )
     assert manager.get_num_free_blocks() == 6, "all blocks should be free at the end"
+
+
+# --------------------------------------------------------------------------------------- clause by clause
+# Each test below breaks when one clause of its exercise's contract alone is broken. Request ids are not in
+# arrival order on purpose (the newest admission is neither the highest nor the lowest id), chunks are several
+# tokens long (a budget counted in sequences differs), and recomputes carry output tokens (the prefill then
+# covers prompt + outputs, and only the chunk that reaches num_tokens samples).
+
+
+def running(
+    scheduler: StallFreeScheduler, manager: MockKVCacheManager, request_id: int, prompt_len: int, outputs, computed: int
+) -> Request:
+    """A running request with `computed` of its tokens cached (a recompute in progress when outputs exist)."""
+    request = Request(
+        id=request_id, prompt_tokens=prompt(prompt_len, 100 * request_id + 1), max_new_tokens=50, output_tokens=outputs
+    )
+    assert manager.allocate_slots(request, computed) is not None, "(setup) the mock is too small"
+    request.num_computed_tokens = computed
+    request.status = RequestStatus.RUNNING
+    scheduler.active_pool[request.id] = request
+    return request
+
+
+class SpyManager(MockKVCacheManager):
+    """A mock that writes down every free(request) call, by request id."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self.freed: list[int] = []
+
+    def free(self, request: Request) -> None:
+        self.freed.append(request.id)
+        super().free(request)
+
+
+@pytest.mark.ex2_1
+def test_a_recompute_chunk_that_stops_inside_the_outputs_samples_nothing():
+    request = Request(id=4, prompt_tokens=prompt(5), max_new_tokens=9, output_tokens=[70, 71, 72])
+    first = StallFreeScheduler._new_sequence(request, 6)  # the prompt and one kept output: 2 still to feed
+    assert type(first) is ScheduledSequence, "_new_sequence returns a ScheduledSequence"
+    assert first.tokens == prompt(5) + [70], "a recompute's chunk follows request.all_token_ids (prompt, then outputs)"
+    assert not first.samples_token, (
+        "a recompute chunk that covers the prompt but not all the kept outputs does not reach the end of the "
+        "request's tokens (request.num_tokens): it samples nothing"
+    )
+    assert not first.is_decode, "a request that is recomputing is not past its prefill: no decode"
+    request.num_computed_tokens = 6
+    rest = StallFreeScheduler._new_sequence(request, 2)
+    assert (rest.tokens, rest.position_ids_start) == ([71, 72], 6), (
+        "the rest of a recompute feeds the remaining outputs, from the position where the cache ends"
+    )
+    assert rest.samples_token and not rest.is_decode, (
+        "the recompute chunk that reaches num_tokens samples, as a prefill"
+    )
+
+
+@pytest.mark.ex2_1
+def test_a_one_token_chunk_inside_the_prompt_is_not_a_decode():
+    request = Request(id=2, prompt_tokens=prompt(10), max_new_tokens=3)
+    request.num_computed_tokens = 3
+    seq = StallFreeScheduler._new_sequence(request, 1)  # a budget of one token left
+    assert seq.tokens == [4] and seq.position_ids_start == 3, "the chunk is the next prompt token, at its position"
+    assert not seq.is_decode and not seq.samples_token, (
+        "is_decode says the request is past its prefill (request.is_prefill_done()), not that the chunk is one token"
+    )
+
+
+@pytest.mark.ex2_1
+def test_a_planned_decode_is_a_scheduled_sequence_and_the_call_says_true():
+    scheduler, manager = make()
+    request = decoding(scheduler, manager, 6, prompt_len=4, outputs=[8, 9])
+    output = plan()
+    result = scheduler._schedule_running(request, 1, output)
+    assert result is True, "_schedule_running returns True when it planned the request"
+    assert [type(s) for s in output] == [ScheduledSequence], "the plan holds the request's ScheduledSequence"
+    assert output[0].tokens == [9] and output[0].positions == range(5, 6), (
+        "a decode feeds the newest output token at the position after the cached ones"
+    )
+
+
+@pytest.mark.ex2_2
+def test_a_failed_admission_leaves_the_status_as_it_was():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    hold_blocks(manager, 13)  # all 4 blocks held by someone else
+    newcomer = Request(id=5, prompt_tokens=prompt(3), max_new_tokens=2)
+    newcomer.status = RequestStatus.WAITING
+    back = Request(id=2, prompt_tokens=prompt(6), max_new_tokens=5, output_tokens=[61, 62])
+    back.status = RequestStatus.PREEMPTED
+    queue(scheduler, back, newcomer)
+    for request, status in ((back, RequestStatus.PREEMPTED), (newcomer, RequestStatus.WAITING)):
+        output = plan()
+        assert scheduler._admit(request, 64, output) is False, "nothing fits, so the admission should fail (False)"
+        assert request.status is status, (
+            "a failed admission changes nothing: the request keeps the status it had (set RUNNING only on success)"
+        )
+        assert not output and request.num_computed_tokens == 0, "a failed admission plans nothing, computes nothing"
+    assert list(scheduler.waiting_queue) == [back, newcomer] and not scheduler.active_pool, (
+        "after a failed admission every request keeps its place in the queue"
+    )
+    assert back.output_tokens == [61, 62], "a failed admission must not touch the request's outputs"
+
+
+@pytest.mark.ex2_2
+def test_a_preempted_request_is_readmitted_with_its_outputs_as_prefill():
+    scheduler, manager = make(num_blocks=16, block_size=4)
+    older = decoding(scheduler, manager, 9, prompt_len=3, outputs=[1])
+    back = Request(id=3, prompt_tokens=prompt(6), max_new_tokens=5, output_tokens=[61, 62])
+    back.status = RequestStatus.PREEMPTED
+    queue(scheduler, back)
+    output = plan()
+    assert scheduler._admit(back, 64, output) is True, "a preempted request that fits should be admitted again (True)"
+    [seq] = list(output)
+    assert seq.tokens == prompt(6) + [61, 62] and seq.position_ids_start == 0, (
+        "nothing of a preempted request is cached: its first chunk is its prompt AND its kept outputs, from 0"
+    )
+    assert seq.samples_token and not seq.is_decode, "the recompute reaches num_tokens: it samples, as a prefill"
+    assert list(scheduler.active_pool) == [older.id, back.id], "the admitted request is the newest entry of active_pool"
+    assert len(manager.get_block_ids(back)) == 2, "the recompute's blocks cover the prompt and the outputs"
+    cut, cut_manager = make(num_blocks=16, block_size=4)
+    again = Request(id=3, prompt_tokens=prompt(6), max_new_tokens=5, output_tokens=[61, 62])
+    queue(cut, again)
+    output = plan()
+    assert cut._admit(again, 7, output) is True, "a request whose first chunk fits the budget should be admitted"
+    assert output[0].tokens == prompt(6) + [61] and not output[0].samples_token, (
+        "a recompute's first chunk is cut to the budget left; one that stops before num_tokens samples nothing"
+    )
+
+
+@pytest.mark.ex2_3
+def test_a_finished_request_gives_its_blocks_back_once():
+    manager = SpyManager(num_blocks=16, block_size=4)
+    scheduler = StallFreeScheduler(64, 8, manager)
+    done = decoding(scheduler, manager, 7, prompt_len=6, outputs=[3, 4], max_new_tokens=2)
+    going = decoding(scheduler, manager, 2, prompt_len=6, outputs=[3], max_new_tokens=5)
+    scheduler._finish(done)
+    assert manager.freed == [done.id], (
+        "a finished request's blocks go back to the manager once (one free(request) call), and only its own"
+    )
+    assert list(scheduler.active_pool) == [going.id], "only the finished request leaves active_pool"
+
+
+@pytest.mark.ex2_4
+def test_the_budget_left_counts_tokens_not_sequences():
+    scheduler, _ = make(token_budget=20, max_batch_size=4)
+    output = plan()
+    output.add(ScheduledSequence(request_id=1, tokens=prompt(6), is_decode=False, position_ids_start=0))
+    output.add(ScheduledSequence(request_id=8, tokens=[5], is_decode=True, position_ids_start=9))
+    left = scheduler._budget_left(output)
+    assert type(left) is int and left == 20 - 7, "the budget left is the token budget minus the tokens planned"
+    assert scheduler._has_room(output, 13) and not scheduler._has_room(output, 14), (
+        "_has_room(output, n) is True exactly when n more tokens fit the budget left"
+    )
+    output.remove(1)  # preempted later in the step: its tokens are out of the plan again
+    assert scheduler._budget_left(output) == 20 - 1, "a request taken out of the plan gives its tokens back"
+    for i in (2, 3, 4):
+        output.add(ScheduledSequence(request_id=10 + i, tokens=[i], is_decode=True, position_ids_start=5))
+    assert not scheduler._has_room(output), "a plan that holds max_batch_size sequences has no room, budget or not"
+
+
+@pytest.mark.ex2_4
+def test_is_prefilling_follows_the_tokens_still_to_feed():
+    def state(prompt_len: int, outputs: list[int], computed: int) -> Request:
+        request = Request(id=1, prompt_tokens=prompt(prompt_len), max_new_tokens=9, output_tokens=outputs)
+        request.num_computed_tokens = computed
+        return request
+
+    is_prefilling = StallFreeScheduler._is_prefilling
+    assert is_prefilling(state(10, [], 0)) and is_prefilling(state(10, [], 4)), "a prompt not yet fed is prefilling"
+    assert is_prefilling(state(10, [7, 8, 9], 10)), (
+        "a recompute that has fed its prompt but not its kept outputs is still prefilling (tokens are uncomputed)"
+    )
+    assert is_prefilling(state(10, [7, 8, 9], 0)), "a recompute with nothing cached is prefilling"
+    assert not is_prefilling(state(10, [7, 8], 11)), "a request past its prefill is decoding, not prefilling"
+    assert not is_prefilling(state(10, [], 10)), (
+        "a request whose tokens are all computed (waiting for its first sampled token) has nothing left to feed"
+    )
+
+
+@pytest.mark.ex2_4
+def test_a_recompute_with_outputs_is_continued_to_its_end():
+    scheduler, manager = make(block_size=4, token_budget=64)
+    request = running(scheduler, manager, 5, prompt_len=10, outputs=[7, 8, 9], computed=10)  # prompt recomputed
+    output = scheduler.schedule_next_batch()
+    assert type(output) is SchedulerOutput, "schedule_next_batch returns the step's SchedulerOutput"
+    assert [(s.request_id, s.is_decode) for s in output] == [(5, False)], (
+        "a recompute whose prompt is cached but whose kept outputs are not is still prefilling: it gets a chunk"
+    )
+    assert output[0].tokens == [7, 8, 9] and output[0].position_ids_start == 10, (
+        "the chunk feeds the kept outputs, from where the cache ends"
+    )
+    assert output[0].samples_token, "the chunk that reaches num_tokens samples the next token"
+    assert request.num_computed_tokens == 13, "once planned, the chunk's tokens count as computed"
+
+
+@pytest.mark.ex2_4
+def test_decodes_and_the_prefill_follow_admission_order_not_ids():
+    scheduler, manager = make(block_size=8, token_budget=64)
+    decoding(scheduler, manager, 5, prompt_len=6, outputs=[1])
+    prefilling(scheduler, manager, 6, prompt_len=30, computed=8)
+    decoding(scheduler, manager, 2, prompt_len=6, outputs=[1])
+    prefilling(scheduler, manager, 1, prompt_len=20, computed=8)
+    decoding(scheduler, manager, 8, prompt_len=6, outputs=[1])
+    output = scheduler.schedule_next_batch()
+    assert [s.request_id for s in output] == [5, 2, 8, 6], (
+        "decodes go in admission order (active_pool's order, not by id), then the OLDEST admitted request "
+        "that is still prefilling"
+    )
+
+
+@pytest.mark.ex2_4
+def test_a_decode_that_preempts_during_the_decode_pass():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    older = decoding(scheduler, manager, 7, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
+    newer = decoding(scheduler, manager, 3, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
+    error = raised_by(scheduler.schedule_next_batch)
+    assert error is None, (
+        "a decode that preempts another request while the decodes are planned must not break the loop (iterate "
+        f"a copy of active_pool: preemption changes it); got {error!r}"
+    )
+    assert list(scheduler.active_pool) == [older.id] and list(scheduler.waiting_queue) == [newer], (
+        "the older request's decode preempts the newest one, which waits at the head of the queue"
+    )
+    assert newer.status is RequestStatus.PREEMPTED and newer.num_computed_tokens == 0, (
+        "a request preempted a moment ago gets nothing this step"
+    )
+    assert older.num_computed_tokens == 9, "the older request's decode is planned and applied once"
+
+
+@pytest.mark.ex2_4
+def test_a_request_preempted_in_this_step_gets_no_decode_even_if_its_tokens_are_kept():
+    manager = MockKVCacheManager(num_blocks=4, block_size=4)
+    scheduler = StallFreeScheduler(64, 8, manager, preemption_mode="swap", num_cpu_blocks=16)
+
+    def keep_on_cpu(victim: Request, num_computed: int) -> bool:  # a stand-in for Exercise 7.3's swap-out
+        scheduler._swapped[victim.id] = -(-num_computed // manager.block_size)
+        victim.num_computed_tokens = num_computed
+        return True
+
+    scheduler._move_to_cpu = keep_on_cpu
+    older = decoding(scheduler, manager, 7, prompt_len=8, outputs=[5])
+    newer = decoding(scheduler, manager, 3, prompt_len=8, outputs=[5])
+    output = scheduler.schedule_next_batch()
+    assert [s.request_id for s in output] == [older.id], (
+        "a request preempted a moment ago (it has left active_pool, here swapped out with its tokens kept) gets "
+        "no decode in the same step"
+    )
+    assert list(scheduler.active_pool) == [older.id] and newer in scheduler.waiting_queue, (
+        "the swapped-out request waits; the older one runs"
+    )
+
+
+@pytest.mark.ex2_5
+def test_a_sampled_token_is_stored_as_a_python_int():
+    import numpy as np
+
+    scheduler, manager = make()
+    first = decoding(scheduler, manager, 4, prompt_len=5, outputs=[3], max_new_tokens=9)
+    second = decoding(scheduler, manager, 1, prompt_len=5, outputs=[3], max_new_tokens=9)
+    batch = scheduler.schedule_next_batch()
+    scheduler.update_from_output(batch, {4: np.int64(11), 1: np.int32(12)})  # what a sampler on arrays hands back
+    assert [type(t) for t in first.output_tokens + second.output_tokens] == [int] * 4, (
+        "each sampled token is appended as an int (int(...)), whatever integer type the executor handed back"
+    )
+    assert first.output_tokens[-1] == 11 and second.output_tokens[-1] == 12, "each request gets its own sampled token"
+
+
+@pytest.mark.ex2_5
+def test_the_last_prefill_chunk_takes_its_sampled_token():
+    scheduler, manager = make(block_size=4, token_budget=64)
+    request = prefilling(scheduler, manager, 3, prompt_len=10, computed=4)
+    batch = scheduler.schedule_next_batch()
+    assert batch[0].samples_token and not batch[0].is_decode, "(setup) the chunk completes the prompt"
+    assert scheduler.update_from_output(batch, {3: 33}) == [], "a request with tokens still to generate goes on"
+    assert request.output_tokens == [33], (
+        "a prefill chunk that completes the prompt samples (samples_token): its token is appended, not only a decode's"
+    )
+
+
+@pytest.mark.ex2_5
+def test_update_returns_the_finished_requests_in_plan_order_and_ignores_a_stray_token():
+    scheduler, manager = make(block_size=4, token_budget=64)
+    late = decoding(scheduler, manager, 5, prompt_len=5, outputs=[3], max_new_tokens=2)
+    early = decoding(scheduler, manager, 2, prompt_len=5, outputs=[3], max_new_tokens=2)
+    chunked = prefilling(scheduler, manager, 8, prompt_len=40, computed=0)
+    scheduler.token_budget = 10  # the chunk stops inside the prompt
+    batch = scheduler.schedule_next_batch()
+    finished = scheduler.update_from_output(batch, {5: 1, 2: 2, 8: 9})
+    assert finished == [late, early], "update_from_output returns the requests it finished, in plan order"
+    assert chunked.output_tokens == [], (
+        "a chunk that does not reach the end samples nothing: a token for it is not appended"
+    )
+    assert scheduler.finished == [late, early], "each finished request is settled once, through _finish"
+
+
+@pytest.mark.ex2_6
+def test_admission_gets_the_budget_left_in_tokens():
+    scheduler, manager = make(block_size=4, token_budget=10)
+    prefilling(scheduler, manager, 6, prompt_len=14, computed=8)  # 6 tokens left to feed
+    newcomer = Request(id=2, prompt_tokens=prompt(8), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    output = scheduler.schedule_next_batch()
+    assert [s.request_id for s in output] == [6, 2], "the prefill in progress, then the admission"
+    assert output.total_num_scheduled_tokens <= 10, "the step's tokens must stay within the token budget"
+    assert len(output[1].tokens) == 10 - 6, "the admission's first chunk gets the budget left in tokens"
+
+
+@pytest.mark.ex2_7
+def test_the_victim_is_the_newest_admission_not_the_highest_id_or_the_longest():
+    scheduler, manager = make(num_blocks=32, block_size=4)
+    decoding(scheduler, manager, 4, prompt_len=6, outputs=[1])
+    decoding(scheduler, manager, 9, prompt_len=20, outputs=[1, 2, 3])  # the highest id and the most tokens
+    newest = decoding(scheduler, manager, 2, prompt_len=3, outputs=[1])  # admitted last
+    victim = scheduler._preempt_most_recent()
+    assert victim is newest, (
+        "under first come, first served the victim is the most recently admitted running request (active_pool "
+        "keeps admission order), whatever its id or size"
+    )
+    assert list(scheduler.active_pool) == [4, 9], "the others keep running, in their order"
+    assert scheduler.waiting_queue[0] is newest, "the victim waits at the head of the queue"
+
+
+@pytest.mark.ex2_7
+def test_the_victim_is_preempted_and_returned():
+    manager = SpyManager(num_blocks=32, block_size=4)
+    scheduler = StallFreeScheduler(64, 8, manager)
+    decoding(scheduler, manager, 6, prompt_len=6, outputs=[1])
+    newest = decoding(scheduler, manager, 1, prompt_len=7, outputs=[2, 3])
+    victim = scheduler._preempt_most_recent()
+    assert victim is newest, "_preempt_most_recent returns the request it preempted"
+    assert manager.freed == [newest.id], "the victim's blocks go back once, through self._preempt"
+    assert newest.status is RequestStatus.PREEMPTED and newest.num_preemptions == 1, "the victim is preempted, counted"
+
+
+@pytest.mark.ex2_8
+def test_under_fcfs_nobody_older_is_preempted_whatever_the_ids():
+    scheduler, manager = make(num_blocks=6, block_size=4)
+    oldest = decoding(scheduler, manager, 8, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
+    middle = decoding(scheduler, manager, 1, prompt_len=8, outputs=[5])
+    newest = decoding(scheduler, manager, 4, prompt_len=8, outputs=[5])
+    assert scheduler._schedule_running(middle, 1, plan()) is True, "the middle request gets room by preemption"
+    assert list(scheduler.active_pool) == [oldest.id, middle.id] and scheduler.num_preemptions == 1, (
+        "only the newest admission steps back for it: never an older one, and no more than needed"
+    )
+    assert newest.status is RequestStatus.PREEMPTED, "the newest admission is the one preempted"
+
+
+@pytest.mark.ex2_9
+def test_the_reason_says_what_is_needed_and_what_there_is():
+    scheduler, _ = make(num_blocks=3, block_size=4)  # 12 tokens in all
+    request = Request(id=0, prompt_tokens=prompt(20), max_new_tokens=9)  # 29 tokens: 8 blocks
+    result = scheduler._reject_if_never_fits(request)
+    assert result is True, "a request that can never fit: _reject_if_never_fits returns True"
+    assert request.status is RequestStatus.REJECTED and scheduler.rejected == [request], "it is REJECTED and listed"
+    reason = request.reason or ""
+    assert ("8" in reason or "29" in reason) and ("3" in reason or "12" in reason), (
+        f"the reason should say what the request needs and what the cache has (blocks or tokens); it says {reason!r}"
+    )
+    fits = Request(id=1, prompt_tokens=prompt(5), max_new_tokens=7)  # 12 tokens: exactly the cache
+    assert scheduler._reject_if_never_fits(fits) is False, "a request that fits the cache exactly is accepted (False)"
+    assert fits.status is not RequestStatus.REJECTED and fits.reason is None, "when it returns False, nothing changed"
+    assert scheduler.rejected == [request], "a request that fits is not listed as rejected"
