@@ -217,6 +217,29 @@ MUTANTS = [
            '            f"but the whole cache has only {manager.num_blocks}"',
            '"it needs more blocks than the cache has"'),
     Mutant("2.9", "a rejected request is not listed", "        self.rejected.append(request)\n", ""),
+    Mutant("2.2", "forgets the cached prefix blocks", "allocate_slots(request, num_new_tokens, num_computed, computed_blocks)",
+           "allocate_slots(request, num_new_tokens, num_computed)"),
+    Mutant("2.4", "chooses the prefill before the decodes (a request preempted a moment ago still gets a chunk)",
+           "        for request in list(self.active_pool.values()):\n"
+           "            if request.id in self.active_pool and request.is_prefill_done() and self._has_room(output):\n"
+           "                self._schedule_running(request, 1, output)\n"
+           "        prefilling = next((r for r in self.active_pool.values() if self._is_prefilling(r)), None)\n",
+           "        prefilling = next((r for r in self.active_pool.values() if self._is_prefilling(r)), None)\n"
+           "        for request in list(self.active_pool.values()):\n"
+           "            if request.id in self.active_pool and request.is_prefill_done() and self._has_room(output):\n"
+           "                self._schedule_running(request, 1, output)\n"),
+    Mutant("2.4", "the batch size counts the running set, not the plan", "len(output) < self.max_batch_size",
+           "len(self.active_pool) < self.max_batch_size"),
+    Mutant("2.4", "the prefill is planned without room", "if prefilling is not None and self._has_room(output):",
+           "if prefilling is not None:"),
+    Mutant("2.5", "returns every request finished so far", "        return finished\n", "        return self.finished\n"),
+    Mutant("2.6", "admits nobody ever again after a preemption",
+           "while not output.preempted_req_ids and self.waiting_queue", "while not self.num_preemptions and self.waiting_queue"),
+    Mutant("2.6", "admits without room in the plan",
+           "while not output.preempted_req_ids and self.waiting_queue and self._has_room(output):",
+           "while not output.preempted_req_ids and self.waiting_queue:"),
+    Mutant("2.7", "the victim is the latest arrival", "victim = next(reversed(self.active_pool.values()))",
+           "victim = max(reversed(list(self.active_pool.values())), key=lambda r: r.arrival_time)"),
     # ---- 3.x the allocator ----
     Mutant("3.1", "remove forgets to clear the block's pointers",
            "        block.prev_free_block = None\n        block.next_free_block = None\n", ""),

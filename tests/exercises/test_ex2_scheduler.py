@@ -1142,3 +1142,143 @@ def test_the_reason_says_what_is_needed_and_what_there_is():
     assert scheduler._reject_if_never_fits(fits) is False, "a request that fits the cache exactly is accepted (False)"
     assert fits.status is not RequestStatus.REJECTED and fits.reason is None, "when it returns False, nothing changed"
     assert scheduler.rejected == [request], "a request that fits is not listed as rejected"
+
+
+@pytest.mark.ex2_2
+def test_the_cached_prefix_blocks_reach_allocate_slots():
+    hit_blocks = KVCacheBlocks([40, 41])
+
+    class PrefixManager(MockKVCacheManager):
+        """A mock reporting a 2-block cached prefix; it records what allocate_slots was told."""
+
+        told: typing.ClassVar[list] = []
+
+        def get_computed_blocks(self, request):
+            return hit_blocks, 8
+
+        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None):
+            self.told.append((num_new_computed_tokens, new_computed_blocks))
+            return super().allocate_slots(request, num_new_tokens, num_new_computed_tokens)
+
+    manager = PrefixManager(num_blocks=16, block_size=4)
+    scheduler = StallFreeScheduler(64, 4, manager)
+    request = Request(id=3, prompt_tokens=prompt(14), max_new_tokens=2)
+    queue(scheduler, request)
+    assert scheduler._admit(request, 64, plan()) is True, "a request that fits should be admitted (True)"
+    assert manager.told == [(8, hit_blocks)], (
+        "allocate_slots is told about the prefix hits: their token count (num_new_computed_tokens) AND the cached "
+        "blocks get_computed_blocks returned (new_computed_blocks), so that the request's table holds them"
+    )
+
+
+@pytest.mark.ex2_4
+def test_no_prefill_chunk_once_the_decodes_spent_the_budget():
+    scheduler, manager = make(token_budget=2)
+    decoding(scheduler, manager, 4, prompt_len=5, outputs=[9])
+    decoding(scheduler, manager, 1, prompt_len=5, outputs=[9])
+    waiting_chunk = prefilling(scheduler, manager, 6, prompt_len=20, computed=4)
+    output = scheduler.schedule_next_batch()
+    assert [s.request_id for s in output] == [4, 1], (
+        "the prefill in progress is planned only while the plan has room (self._has_room): with the budget spent, "
+        "it gets no chunk, not an empty one"
+    )
+    assert waiting_chunk.num_computed_tokens == 4, "a prefill that got nothing does not advance"
+
+
+@pytest.mark.ex2_4
+def test_the_batch_size_counts_the_plan_not_the_running_set():
+    scheduler, manager = make(max_batch_size=3, token_budget=64)
+    decoding(scheduler, manager, 9, prompt_len=5, outputs=[9])
+    prefilling(scheduler, manager, 2, prompt_len=30, computed=8)
+    prefilling(scheduler, manager, 5, prompt_len=30, computed=8)  # running, but only one prefill per step
+    output = scheduler._has_room(plan())
+    assert output is True, "an empty plan has room for a sequence even when max_batch_size requests are running"
+    batch = scheduler.schedule_next_batch()
+    assert [s.request_id for s in batch] == [9, 2], (
+        "_has_room counts the sequences in the plan against max_batch_size (the running set may be full): the "
+        "decode and the oldest prefill are planned"
+    )
+
+
+@pytest.mark.ex2_4
+def test_a_prefill_preempted_during_the_decode_pass_gets_no_chunk():
+    scheduler, manager = make(num_blocks=4, block_size=4)
+    older = decoding(scheduler, manager, 7, prompt_len=8, outputs=[5])  # 8 cached: 2 full blocks
+    newest = prefilling(scheduler, manager, 3, prompt_len=20, computed=8)  # 2 blocks
+    error = raised_by(scheduler.schedule_next_batch)
+    assert error is None, f"a step whose decode preempts the prefill in progress should plan the rest; got {error!r}"
+    assert list(scheduler.active_pool) == [older.id] and list(scheduler.waiting_queue) == [newest], (
+        "the decode preempted the newest request, the one prefilling"
+    )
+    assert newest.num_computed_tokens == 0 and manager.get_block_ids(newest) == [], (
+        "a request preempted a moment ago (it left active_pool) gets no prefill chunk in the same step: choose the "
+        "prefill in progress after the decodes"
+    )
+
+
+@pytest.mark.ex2_5
+def test_each_update_returns_only_what_it_finished_and_errors_name_the_request():
+    scheduler, manager = make()
+    first = decoding(scheduler, manager, 37, prompt_len=5, outputs=[3], max_new_tokens=2)
+    second = decoding(scheduler, manager, 12, prompt_len=5, outputs=[3], max_new_tokens=3)
+    assert scheduler.update_from_output(scheduler.schedule_next_batch(), {37: 1, 12: 2}) == [first], (
+        "the first update finishes the request that got its last token"
+    )
+    assert scheduler.update_from_output(scheduler.schedule_next_batch(), {12: 4}) == [second], (
+        "update_from_output returns the requests THIS update finished, not every request finished so far"
+    )
+    third = decoding(scheduler, manager, 41, prompt_len=5, outputs=[3], max_new_tokens=4)
+    batch = scheduler.schedule_next_batch()
+    error = raised_by(lambda: scheduler.update_from_output(batch, {}))
+    assert isinstance(error, ValueError) and "41" in str(error), (
+        f"a sequence that should have sampled but got no token is a ValueError naming its request; got {error!r}"
+    )
+    scheduler.update_from_output(batch, {41: 5})
+    scheduler._finish(third)
+    error = raised_by(lambda: scheduler.update_from_output(batch, {41: 5}))
+    assert isinstance(error, ValueError) and "41" in str(error) and "not running" in str(error), (
+        f"a plan entry for a request that is not running is a ValueError naming the request; got {error!r}"
+    )
+
+
+@pytest.mark.ex2_6
+def test_nobody_is_admitted_once_the_budget_is_spent():
+    scheduler, manager = make(token_budget=2)
+    decoding(scheduler, manager, 4, prompt_len=5, outputs=[9])
+    decoding(scheduler, manager, 1, prompt_len=5, outputs=[9])
+    newcomer = Request(id=8, prompt_tokens=prompt(3), max_new_tokens=2)
+    queue(scheduler, newcomer)
+    output = scheduler.schedule_next_batch()
+    assert [s.request_id for s in output] == [4, 1], "admission only while the plan has room (self._has_room)"
+    assert newcomer.status is RequestStatus.WAITING and list(scheduler.waiting_queue) == [newcomer], (
+        "with the token budget spent, a newcomer keeps waiting"
+    )
+
+
+@pytest.mark.ex2_6
+def test_admission_resumes_in_the_steps_after_a_preemption():
+    scheduler, manager = make(num_blocks=10, block_size=4, token_budget=12, max_batch_size=3)
+    requests = toy_requests([11, 7, 15, 5, 9], max_new_tokens=[14, 18, 9, 20, 6], seed=8, first_id=20)
+    run_all(scheduler, requests[::-1])  # ids against arrival order
+    assert scheduler.num_preemptions > 0, "(setup) this workload needs preemption"
+    for request in requests:
+        assert request.status is RequestStatus.FINISHED, (
+            "only the step that preempted admits nobody: later steps admit again, so every request finishes"
+        )
+        assert request.output_tokens == toy_generate(request.prompt_tokens, request.max_new_tokens), (
+            "a request's outputs differ from an unconstrained run"
+        )
+
+
+@pytest.mark.ex2_7
+def test_the_victim_is_the_newest_admission_even_when_it_arrived_first():
+    scheduler, manager = make(num_blocks=32, block_size=4)
+    back = decoding(scheduler, manager, 6, prompt_len=5, outputs=[1, 2])  # arrived first, preempted, re-admitted
+    back.arrival_time = 1.0
+    del scheduler.active_pool[back.id]
+    for request_id, arrival in ((3, 2.0), (8, 3.0)):
+        decoding(scheduler, manager, request_id, prompt_len=6, outputs=[1]).arrival_time = arrival
+    scheduler.active_pool[back.id] = back  # admitted last
+    assert scheduler._preempt_most_recent() is back, (
+        "the victim is the most recently ADMITTED running request (active_pool's order), not the latest arrival"
+    )
