@@ -13,8 +13,6 @@ from kvcourse.request import Request, RequestStatus
 from kvcourse.sched_output import SchedulerOutput
 from kvcourse.toy import BlindStallFreeScheduler, ToyExecutor, run, toy_generate, toy_requests
 
-pytestmark = pytest.mark.ex1_1
-
 
 class ModelCrash(Exception):
     """What a test's broken model raises (not a RuntimeError, so it is never confused with a stub's)."""
@@ -61,6 +59,7 @@ def blind(lengths=(9, 5, 14), new_tokens=(4, 6, 3), budget: int = 16, batch: int
     return scheduler, requests
 
 
+@pytest.mark.ex1_1
 def test_a_run_gives_the_outputs_of_generating_each_request_alone():
     scheduler, requests = blind((40, 12, 70, 25, 9), (12, 30, 5, 17, 8), budget=32, batch=3)
     trace = run(scheduler)
@@ -72,6 +71,7 @@ def test_a_run_gives_the_outputs_of_generating_each_request_alone():
     assert len(trace.steps) == trace.steps[-1].iteration, "each engine step should make exactly one step of the run"
 
 
+@pytest.mark.ex1_1
 def test_each_step_plans_once_runs_that_plan_and_hands_back_its_tokens():
     scheduler, _ = blind()
     recording = Recording(scheduler, ToyExecutor())
@@ -88,6 +88,7 @@ def test_each_step_plans_once_runs_that_plan_and_hands_back_its_tokens():
         assert given == sampled, "update_from_output must get exactly the tokens the executor sampled"
 
 
+@pytest.mark.ex1_1
 def test_the_step_returns_what_the_update_finished():
     scheduler, requests = blind((3, 3), (1, 4), budget=16, batch=2)
     recording = Recording(scheduler, ToyExecutor())
@@ -104,6 +105,7 @@ def test_the_step_returns_what_the_update_finished():
     )
 
 
+@pytest.mark.ex1_1
 def test_each_phase_is_timed_in_the_record():
     scheduler, _ = blind()
     record = EngineCore(scheduler, ToyExecutor()).step()
@@ -114,6 +116,7 @@ def test_each_phase_is_timed_in_the_record():
     assert record.scheduled, "the step's plan must be recorded (core.phase('execute', scheduler_output))"
 
 
+@pytest.mark.ex1_1
 def test_an_empty_plan_raises_deadlock_and_runs_nothing():
     class Stuck(BlindStallFreeScheduler):
         def schedule_next_batch(self):
@@ -129,6 +132,7 @@ def test_an_empty_plan_raises_deadlock_and_runs_nothing():
     assert recording.names() == ["schedule"], "nothing may run or update after an empty plan"
 
 
+@pytest.mark.ex1_1
 def test_a_fault_while_planning_is_reported_as_scheduling():
     class BrokenPlanner(BlindStallFreeScheduler):
         def schedule_next_batch(self):
@@ -145,6 +149,7 @@ def test_a_fault_while_planning_is_reported_as_scheduling():
     assert any(r.status is RequestStatus.FAILED for r in requests), "the requests planning touched fail"
 
 
+@pytest.mark.ex1_1
 def test_a_fault_in_the_executor_fails_only_the_plan():
     class Broken(ToyExecutor):
         ran: tuple[int, ...] = ()
@@ -168,6 +173,7 @@ def test_a_fault_in_the_executor_fails_only_the_plan():
     )
 
 
+@pytest.mark.ex1_1
 def test_a_fault_in_the_update_fails_the_plan_and_the_engine_goes_on():
     class FaultyOnce(BlindStallFreeScheduler):
         broke = False
@@ -195,6 +201,7 @@ def test_a_fault_in_the_update_fails_the_plan_and_the_engine_goes_on():
             )
 
 
+@pytest.mark.ex1_1
 def test_a_plan_with_a_request_that_is_not_running_is_refused_before_it_runs():
     class Stale(BlindStallFreeScheduler):
         def schedule_next_batch(self):
@@ -211,6 +218,7 @@ def test_a_plan_with_a_request_that_is_not_running_is_refused_before_it_runs():
     assert recording.names() == ["schedule"], "a plan the core refuses must not be run or updated"
 
 
+@pytest.mark.ex1_1
 def test_the_step_is_the_one_every_engine_uses():
     requests = [Request(id=i, prompt_tokens=[i + 1] * 3, max_new_tokens=2) for i in range(2)]
     scheduler = BlindStallFreeScheduler(8, 2)
