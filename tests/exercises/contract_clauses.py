@@ -147,7 +147,7 @@ CLAUSES: dict[str, list[tuple[str, str]]] = {
         ("a head that cannot be admitted stops admission for this step", f"{E2}::test_admission_stops_at_a_head_that_does_not_fit"),
         ("... nobody behind it goes first (no starvation)", f"{E2}::test_a_large_request_is_not_starved_by_a_stream_of_small_ones"),
         ("a step that preempted admits nobody", f"{E2}::test_a_step_that_preempted_admits_nobody"),
-        ("... only that step", f"{E2}::test_admission_resumes_in_the_steps_after_a_preemption"),
+        ("... only that step", f"{E2}::test_a_request_preempted_in_an_earlier_step_is_admitted_again"),
     ],
     "2.7": [
         ("the victim is the most recently admitted (not the highest id, the longest)",
