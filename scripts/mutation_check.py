@@ -10,20 +10,32 @@ moved: update the pattern), or if the unmutated copy fails its own tests.
     python scripts/mutation_check.py              # all mutants, two at a time
     python scripts/mutation_check.py --only 3.3   # one exercise's mutants
     python scripts/mutation_check.py --list       # the mutants, without running them
+    python scripts/mutation_check.py --cold       # each mutant in a fresh Python (slow; to compare verdicts)
+
+By default one warmed-up process imports what no mutant changes (torch, transformers, pytest, hypothesis,
+triton) once, then forks a child per mutant that forgets every module of the checkout, enters the mutant's
+copy and runs pytest.main with the same arguments and environment as `python -m pytest` there (--cold).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,6 +50,15 @@ from mutants_learner import LEARNER_MUTANTS, Mutant  # noqa: E402  (the mutants 
 PYTEST_QUIET = ("-p", "no:randomly", "-p", "no:nbval", "-p", "no:anyio", "-p", "no:cacheprovider")
 PYTEST_QUIET += ("-o", "addopts=--strict-markers")
 COPIED = ("kvcourse", "solutions", "tests", "conftest.py", "pyproject.toml", "notebooks/sanitize.cfg")
+TEST_ENV = {"KVCOURSE_SOLUTIONS": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+MUTANT_TIMEOUT, BASELINE_TIMEOUT = 600, 900  # seconds
+# The warm runner imports these once; none is part of the checkout, so no mutant can change them.
+WARM_IMPORTS = ("numpy", "torch", "pytest", "hypothesis", "hypothesis.stateful", "hypothesis.strategies",
+                "triton", "triton.language", "transformers", "transformers.cache_utils", "transformers.pytorch_utils")  # fmt: skip
+WARM_TRANSFORMERS = ("GPT2Config", "GPT2LMHeadModel", "GPT2TokenizerFast", "LlamaConfig", "AttentionInterface")
+# Top-level names of the checkout's modules (tests/exercises' helpers are imported by their bare names).
+PROJECT_MODULES = {"kvcourse", "solutions", "tests", "conftest", "mutants_learner", "invariants", "toy_world",
+                   "contract_clauses"}  # fmt: skip
 
 
 # fmt: off
@@ -406,13 +427,22 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
+def pytest_args(exercise_id: str) -> list[str]:
+    """The pytest arguments of one exercise's graded tests, the same for the cold and the warm runner."""
+    return ["-q", "-x", *PYTEST_QUIET, "-m", EXERCISES[exercise_id].marker, test_file(exercise_id)]
+
+
+def baseline_args(exercise_ids: list[str]) -> list[str]:
+    """The pytest arguments of the unmutated run: every listed exercise's graded tests at once."""
+    markers = " or ".join(EXERCISES[i].marker for i in exercise_ids)
+    return ["-q", *PYTEST_QUIET, "-m", markers, *sorted({test_file(i) for i in exercise_ids})]
+
+
 def run_tests(workdir: Path, exercise_id: str) -> subprocess.CompletedProcess:
-    """That exercise's graded tests against the (mutated) reference in `workdir`."""
-    env = dict(os.environ, KVCOURSE_SOLUTIONS="1", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
-    command = [sys.executable, "-m", "pytest", "-q", "-x", *PYTEST_QUIET, "-m", EXERCISES[exercise_id].marker]
-    return subprocess.run(
-        [*command, test_file(exercise_id)], cwd=workdir, env=env, capture_output=True, text=True, timeout=600
-    )
+    """That exercise's graded tests against the (mutated) reference in `workdir`, in a fresh Python (--cold)."""
+    command = [sys.executable, "-m", "pytest", *pytest_args(exercise_id)]
+    return subprocess.run(command, cwd=workdir, env=dict(os.environ, **TEST_ENV), capture_output=True, text=True,
+                          timeout=MUTANT_TIMEOUT)  # fmt: skip
 
 
 def first_failure(output: str) -> str:
@@ -421,36 +451,196 @@ def first_failure(output: str) -> str:
     return match.group(1) if match else ""
 
 
-def check_mutant(mutant: Mutant) -> tuple[Mutant, str, str]:
-    """Apply one mutant in a fresh copy and run its exercise's tests: ('caught' | 'SURVIVED' | 'STALE', detail)."""
-    module = EXERCISES[mutant.exercise].module
-    with tempfile.TemporaryDirectory(prefix="kvcourse-mutant-") as tmp:
-        workdir = Path(tmp)
-        copy_checkout(workdir)
-        target = workdir / "solutions" / f"{module}.py"
-        try:
-            target.write_text(apply(mutant, target.read_text()))
-        except ValueError as error:
-            return mutant, "STALE", str(error)
-        started = time.perf_counter()
-        done = run_tests(workdir, mutant.exercise)
-        seconds = time.perf_counter() - started
+def prepare(mutant: Mutant, workdir: Path) -> str:
+    """Copy the checkout into `workdir` and apply the mutant there: '' when applied, else why it is STALE."""
+    copy_checkout(workdir)
+    target = workdir / "solutions" / f"{EXERCISES[mutant.exercise].module}.py"
+    try:
+        target.write_text(apply(mutant, target.read_text()))
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+def verdict(mutant: Mutant, done: subprocess.CompletedProcess, seconds: float) -> tuple[Mutant, str, str]:
+    """Read pytest's exit status: 1 caught, 0 SURVIVED, anything else (or no status: timed out) ERROR."""
     if done.returncode == 1:
         return mutant, "caught", f"{first_failure(done.stdout)} ({seconds:.0f} s)"
     if done.returncode == 0:
         return mutant, "SURVIVED", "every test of the exercise passed"
+    if done.returncode is None:
+        return mutant, "ERROR", f"timed out after {MUTANT_TIMEOUT} s: {done.stdout[-300:]}{done.stderr[-300:]}"
     return mutant, "ERROR", f"pytest exit {done.returncode}: {done.stdout[-300:]}{done.stderr[-300:]}"
 
 
+def check_mutant(mutant: Mutant) -> tuple[Mutant, str, str]:
+    """Apply one mutant in a fresh copy and run its exercise's tests in a new process (the --cold path)."""
+    with tempfile.TemporaryDirectory(prefix="kvcourse-mutant-") as tmp:
+        stale = prepare(mutant, Path(tmp))
+        if stale:
+            return mutant, "STALE", stale
+        started = time.perf_counter()
+        done = run_tests(Path(tmp), mutant.exercise)
+        seconds = time.perf_counter() - started
+    return verdict(mutant, done, seconds)
+
+
 def baseline(exercise_ids: list[str]) -> str:
-    """The failures of the exercises' graded tests on the UNMUTATED copy, in one run ('' when all pass)."""
+    """The failures of the exercises' graded tests on the UNMUTATED copy, in one run ('' when all pass; --cold)."""
     with tempfile.TemporaryDirectory(prefix="kvcourse-mutant-") as tmp:
         copy_checkout(Path(tmp))
-        env = dict(os.environ, KVCOURSE_SOLUTIONS="1", HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
-        markers = " or ".join(EXERCISES[i].marker for i in exercise_ids)
-        files = sorted({test_file(i) for i in exercise_ids})
-        command = [sys.executable, "-m", "pytest", "-q", *PYTEST_QUIET, "-m", markers, *files]
-        done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+        command = [sys.executable, "-m", "pytest", *baseline_args(exercise_ids)]
+        env = dict(os.environ, **TEST_ENV)
+        done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=BASELINE_TIMEOUT)
+    return "" if done.returncode == 0 else done.stdout[-2000:] + done.stderr[-1000:]
+
+
+# ---- the warm runner: heavy imports once, then one fork per mutant ------------------------------------------------
+def warm_up() -> None:
+    """Set the cold run's environment, then import what every graded test imports and no mutant changes, once."""
+    os.environ.update(TEST_ENV)  # before the imports: huggingface_hub reads HF_HUB_OFFLINE when it is imported
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as conftest.py sets it
+    sys.dont_write_bytecode = True  # what PYTHONDONTWRITEBYTECODE=1 does at a fresh interpreter's start
+    # TRITON_INTERPRET is left as it is: the cold pytest process imports triton with the caller's environment too
+    # (the 5.4 test sets it only for the subprocess it starts). Imports only: no torch op runs before a fork.
+    for name in WARM_IMPORTS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if name == "transformers":
+            for attribute in WARM_TRANSFORMERS:
+                getattr(module, attribute, None)  # its lazy module imports the model code here
+
+
+def is_project_module(name: str, module: object) -> bool:
+    """A module of the checkout (kvcourse, solutions, tests, conftest, a test helper): a child must import its own."""
+    if name.partition(".")[0] in PROJECT_MODULES:
+        return True
+    path = getattr(module, "__file__", None) or ""
+    return path.startswith(str(ROOT) + os.sep) and not path.startswith(sys.prefix + os.sep)
+
+
+def forget_project(workdir: Path) -> None:
+    """In a forked child: drop every module, import hook and sys.path entry of the checkout; `workdir` comes first."""
+    for name, module in list(sys.modules.items()):
+        if name not in ("__main__", __name__) and is_project_module(name, module):
+            del sys.modules[name]
+    # kvcourse/__init__ installs the KVCOURSE_SOLUTIONS finder, which points at ROOT/solutions: the copy installs its own.
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__.partition(".")[0] not in PROJECT_MODULES]
+    ours = {str(ROOT), str(ROOT / "scripts"), ""}
+    sys.path[:] = [str(workdir), *(p for p in sys.path if p not in ours)]
+    sys.path_importer_cache.clear()
+    importlib.invalidate_caches()
+
+
+def child_main(workdir: Path, args: list[str]) -> NoReturn:
+    """In a forked child: run pytest in `workdir` as `python -m pytest` would there, then exit with its status."""
+    code = 70
+    try:
+        os.setpgid(0, 0)  # its own group: a timeout kills it and anything it started (the 5.4 Triton process)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(workdir.parent / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.stdout = sys.__stdout__ = os.fdopen(1, "w", buffering=1, closefd=False)  # not a wrapper the parent had
+        sys.stderr = sys.__stderr__ = os.fdopen(2, "w", buffering=1, closefd=False)
+        os.chdir(workdir)
+        forget_project(workdir)
+        import hypothesis.configuration
+        import pytest
+
+        hypothesis.configuration.set_hypothesis_home_dir(Path.cwd() / ".hypothesis")  # as if imported here
+        code = int(pytest.main(args))
+    except BaseException:  # a child must reach os._exit: never return into the parent's loop
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def fork_pytest(workdir: Path, args: list[str]) -> int:
+    """Start one child running pytest in `workdir`; its pid (it is also its process group)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child_main(workdir, args)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # the child does it too; whichever runs first
+    return pid
+
+
+def collect(pid: int, workdir: Path, status: int | None) -> subprocess.CompletedProcess:
+    """What a finished (or killed: status None) child printed, as subprocess.run would report it."""
+    code = None if status is None else os.waitstatus_to_exitcode(status)
+    out, err = ((workdir.parent / n).read_text(errors="replace") for n in ("stdout", "stderr"))
+    return subprocess.CompletedProcess(["pytest"], code, out, err)
+
+
+def run_forked(items: list, start: Callable[[object, Path], list[str] | str], jobs: int, timeout: float) -> list:
+    """For each item, in its own temp dir: `start` copies and returns pytest's args (or a str: no run, that result).
+
+    Up to `jobs` children at once; one past `timeout` is killed with its group. Results in the items' order:
+    (item, str) or (item, CompletedProcess with returncode None when killed, seconds).
+    """
+    results: list = [None] * len(items)
+    queue = deque(enumerate(items))
+    running: dict[int, tuple[int, tempfile.TemporaryDirectory, float]] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                index, item = queue.popleft()
+                tmp = tempfile.TemporaryDirectory(prefix="kvcourse-mutant-")
+                workdir = Path(tmp.name) / "checkout"  # pytest's output goes beside it, not into the copy
+                args = start(item, workdir)
+                if isinstance(args, str):
+                    results[index] = (item, args)
+                    tmp.cleanup()
+                    continue
+                running[fork_pytest(workdir, args)] = (index, tmp, time.perf_counter())
+            for pid, (index, tmp, started) in list(running.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if not done and time.perf_counter() - started < timeout:
+                    continue
+                if not done:
+                    with contextlib.suppress(OSError):
+                        os.killpg(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    status = None
+                done = collect(pid, Path(tmp.name) / "checkout", status)
+                results[index] = (items[index], done, time.perf_counter() - started)
+                tmp.cleanup()
+                del running[pid]
+            time.sleep(0.05)
+    finally:
+        for pid, (_, tmp, _) in running.items():  # interrupted: leave no child behind
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            tmp.cleanup()
+    return results
+
+
+def check_mutants_warm(mutants: list[Mutant], jobs: int) -> list[tuple[Mutant, str, str]]:
+    """Every mutant as check_mutant does it, but each in a child forked from this warmed-up process."""
+
+    def start(mutant: Mutant, workdir: Path) -> list[str] | str:
+        return prepare(mutant, workdir) or pytest_args(mutant.exercise)
+
+    results = []
+    for mutant, *run in run_forked(mutants, start, jobs, MUTANT_TIMEOUT):
+        results.append((mutant, "STALE", run[0]) if isinstance(run[0], str) else verdict(mutant, *run))
+    return results
+
+
+def baseline_warm(exercise_ids: list[str]) -> str:
+    """baseline(), in a child forked from this warmed-up process."""
+
+    def start(_: object, workdir: Path) -> list[str]:
+        copy_checkout(workdir)
+        return baseline_args(exercise_ids)
+
+    ((_, done, _),) = run_forked([None], start, 1, BASELINE_TIMEOUT)
     return "" if done.returncode == 0 else done.stdout[-2000:] + done.stderr[-1000:]
 
 
@@ -460,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="exercise id(s) to check, e.g. --only 3.3")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (default 2)")
+    parser.add_argument("--cold", action="store_true", help="one fresh Python per mutant (the slow, old path)")
     args = parser.parse_args(argv)
     mutants = [m for m in ALL_MUTANTS if not args.only or m.exercise in args.only]
     unknown = sorted({m.exercise for m in mutants} - set(EXERCISES))
@@ -472,12 +663,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.perf_counter()
     exercise_ids = sorted({m.exercise for m in mutants}, key=lambda i: tuple(map(int, i.split("."))))
-    broken = baseline(exercise_ids)
+    if not args.cold:
+        warm_up()  # once: every child forked below starts with torch, pytest, transformers... imported
+    broken = baseline(exercise_ids) if args.cold else baseline_warm(exercise_ids)
     if broken:
         print(f"the unmutated reference fails its own graded tests; fix that first:\n{broken}")
         return 1
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(check_mutant, mutants))
+    if args.cold:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            results = list(pool.map(check_mutant, mutants))
+    else:
+        results = check_mutants_warm(mutants, max(1, args.jobs))
     results.sort(key=lambda r: tuple(map(int, r[0].exercise.split("."))))  # stable: the list's order within one
     print(f"{'exercise':<9} {'mutant':<58} {'result':<9} caught by")
     for mutant, verdict, detail in results:

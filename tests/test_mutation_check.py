@@ -34,3 +34,14 @@ def test_a_pattern_outside_the_region_is_refused():
     mutant = mutation_check.Mutant("4.4", "not in the region", "def get_num_cached_blocks", "def renamed")
     with pytest.raises(ValueError, match="expected once"):
         mutation_check.apply(mutant, (ROOT / "solutions" / "kv_cache.py").read_text())
+
+
+def test_the_warm_runner_runs_each_mutant_against_its_own_copy(monkeypatch):
+    """A forked child must import the mutated copy, not this process's kvcourse: a comment survives, a bug is caught."""
+    for name, value in mutation_check.TEST_ENV.items():
+        monkeypatch.setenv(name, value)
+    comment = mutation_check.Mutant("3.1", "an equivalent mutant: a comment", "        self.remove(block)\n",
+                                    "        self.remove(block)  # equivalent\n")  # fmt: skip
+    (real,) = [m for m in mutation_check.MUTANTS if m.description == "remove forgets to count the block out"]
+    verdicts = [verdict for _, verdict, _ in mutation_check.check_mutants_warm([comment, real], jobs=2)]
+    assert verdicts == ["SURVIVED", "caught"], "the warm runner must report what the cold one does"
