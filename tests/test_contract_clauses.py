@@ -45,12 +45,20 @@ def contract_digest(exercise_id: str) -> str:
 
 @functools.cache
 def marked_tests(path: Path) -> dict[str, set[str]]:
-    """Test name -> the exercise markers on it (decorators, or `TestX = pytest.mark.exN_M(...)`)."""
+    """Test name -> the exercise markers on it (decorators, a module's `pytestmark`, or `TestX = pytest.mark.exN_M(...)`)."""
     found: dict[str, set[str]] = {}
-    for node in ast.parse(path.read_text()).body:
+    body = ast.parse(path.read_text()).body
+    module_marks = {  # `pytestmark = pytest.mark.exN_M` marks every test of the file
+        ast.unparse(node.value).split(".")[-1]
+        for node in body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
+        and ast.unparse(node.value).startswith("pytest.mark.ex")
+    }
+    for node in body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef):
             marks = {ast.unparse(d).split("(")[0].split(".")[-1] for d in node.decorator_list}
-            found[node.name] = {m for m in marks if m.startswith("ex")}
+            found[node.name] = {m for m in marks if m.startswith("ex")} | module_marks
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             func = ast.unparse(node.value.func)
             for target in node.targets:

@@ -8,20 +8,21 @@ that the contract has not changed since its rows were written (CONTRACT_DIGESTS:
 comment changes, review its rows, then update the digest the failing test prints). A clause not
 worth testing is taken out of the contract, not left without a row.
 
-Exercises in PENDING have their rows still to come: 4.7 (eviction policies) is new; whoever finishes one
-adds its rows and digest and removes it here.
+Exercises in PENDING have their rows still to come (none today); whoever writes a new exercise lists it
+there until its rows and digest are in.
 """
 
 from __future__ import annotations
 
-PENDING = {"4.7"}
+PENDING: set[str] = set()
 
-E0, E1, E2, E3, E4, E5, E7 = (
+E0, E1, E2, E3, E4, E4E, E5, E7 = (
     "test_ex0_memory.py",
     "test_ex1_step.py",
     "test_ex2_scheduler.py",
     "test_ex3_allocator.py",
     "test_ex4_sharing.py",
+    "test_ex4_eviction.py",
     "test_ex5_attention.py",
     "test_ex7_policies.py",
 )
@@ -323,6 +324,20 @@ CLAUSES: dict[str, list[tuple[str, str]]] = {
         ("forks, preemption and prefix caching together give the same tokens",
          f"{E4}::test_forks_preemption_and_prefix_caching_generate_exactly"),
     ],
+    "4.7": [
+        ("the victim is the smallest (eviction key, freed_at tick) entry", f"{E4E}::test_victims_come_in_the_order_of_the_key"),
+        ("only blocks FREE now (a hit revived it: stale)", f"{E4E}::test_a_block_revived_by_a_hit_is_never_handed_out"),
+        ("freed again since: the newer entry counts", f"{E4E}::test_a_block_freed_again_counts_from_its_last_free"),
+        ("the block stays in the free queue (get_new_blocks takes it out)", f"{E4E}::test_pop_victim_leaves_the_block_in_the_queue"),
+        ("stale entries thrown away as they are met (each looked at once)", f"{E4E}::test_stale_entries_are_thrown_away_as_they_are_met"),
+        ("the LRU key hands out what BlockPool's free queue does", f"{E4E}::test_the_lru_policy_hands_out_what_your_block_pool_does"),
+        ("FIFO: the one published earliest goes first, however recently hit", f"{E4E}::test_fifo_evicts_the_first_published_however_recently_hit"),
+        ("FIFO: a block holding no cached prefix goes before every cached one", f"{E4E}::test_fifo_evicts_an_empty_block_before_a_cached_one"),
+        ("FIFO: ties go to the block free the longest", f"{E4E}::test_fifo_breaks_ties_least_recently_freed"),
+        ("LFU: among cached blocks, the one shared the fewest times goes first", f"{E4E}::test_lfu_keeps_the_more_shared_block"),
+        ("LFU: a block holding no cached prefix goes before every cached one", f"{E4E}::test_lfu_evicts_an_empty_block_before_a_cached_one"),
+        ("LFU: among equally shared blocks, the one free the longest", f"{E4E}::test_lfu_breaks_ties_least_recently_freed"),
+    ],
     "5.1": [
         ("key[t] and value[t] at slot slot_mapping[t] (block_id * block_size + offset)",
          f"{E5}::test_write_to_cache_puts_each_token_at_its_slot"),
@@ -438,6 +453,7 @@ CONTRACT_DIGESTS: dict[str, str] = {
     "4.4": "c8444645eaa0",
     "4.5": "16414dfae48c",
     "4.6": "e254384ea454",
+    "4.7": "3e7ba33dea0f",
     "5.1": "9cd1874f342b",
     "5.2": "1da415fc2e47",
     "5.3": "e528b57ec7c6",
