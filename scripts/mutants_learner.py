@@ -359,5 +359,11 @@ LEARNER_MUTANTS = [
            "        self.cached_block_hash_to_block.clear()\n        return True",
            "        self.cached_block_hash_to_block.clear()\n        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[::-1])\n"
            "        return True"),
+    # ---- the held-out examiner's last survivors (issue 24), now caught ----
+    Mutant("4.6", "names every shared block to the end of the table, not only those the write falls in",
+           "last = min(len(req_blocks), blocks_needed(num_tokens, self.block_size))", "last = len(req_blocks)"),
+    Mutant("5.3", "the chunk's result is left in float32", "weights, values).to(query.dtype)", "weights, values)"),
+    Mutant("7.4", "the status is always ABORTED, whatever it is given",
+           "request.status, request.reason = status, reason", "request.status, request.reason = RequestStatus.ABORTED, reason"),
 ]
 # fmt: on

@@ -505,6 +505,18 @@ def test_only_shared_blocks_that_are_written_are_copied():
 
 
 @pytest.mark.ex4_6
+def test_only_the_blocks_the_write_falls_in_are_named():
+    manager = make_manager(8, 4, "4.6")
+    parent, child = forked_pair(manager, 12)  # three full blocks, all shared
+    assert manager._shared_blocks_to_write(child, 0, 2) == [0], (
+        "a write into positions 0-1 falls in block 0 only: shared blocks after the written positions need no copy"
+    )
+    assert manager._shared_blocks_to_write(child, 4, 6) == [1], (
+        "a write into positions 4-5 falls in block 1 only: neither the block before it nor the one after needs a copy"
+    )
+
+
+@pytest.mark.ex4_6
 def test_a_block_already_copied_is_not_copied_again():
     manager = make_manager(8, 4, "4.6")
     parent, child = forked_pair(manager, 6)

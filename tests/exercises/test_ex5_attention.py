@@ -273,6 +273,17 @@ def test_paged_attention_mixes_chunks_and_decodes():
 
 @pytest.mark.ex5_3
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_chunk_comes_back_in_the_query_dtype(dtype):
+    (query, key_cache, value_cache, tables, lens), _ = low_precision_case(dtype)
+    seq_len = int(lens[0])
+    queries = torch.randn(3, *query.shape[1:], generator=torch.Generator().manual_seed(4)).to(dtype)
+    got = attention._chunk_attention(queries, key_cache, value_cache, tables[0], seq_len, 0.125)
+    assert type(got) is torch.Tensor and got.shape == queries.shape, "_chunk_attention returns one [L, H, D] tensor"
+    assert got.dtype == dtype, "_chunk_attention's result must be in the query's dtype (compute in float32, then cast)"
+
+
+@pytest.mark.ex5_3
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_paged_attention_accumulates_in_float32(dtype):
     (query, key_cache, value_cache, tables, lens), _ = low_precision_case(dtype)
     seq_len, chunk = int(lens[0]), 5

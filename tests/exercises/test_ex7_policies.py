@@ -332,6 +332,18 @@ def test_abort_waiting_leaves_the_queue_order() -> None:
 
 
 @pytest.mark.ex7_4
+@pytest.mark.parametrize("status", [RequestStatus.FAILED, RequestStatus.FINISHED])
+def test_the_request_takes_the_status_it_is_given(status) -> None:
+    scheduler, _, (a, b, c, d) = _busy_scheduler()
+    for req in (a, c):  # one running, one waiting
+        assert scheduler._end_request(req.id, status, "a fault") is req, "a running or waiting request is ended"
+        assert req.status is status and req.reason == "a fault", (
+            "an ended request has the status and reason it was given (the engine ends faulty requests as FAILED), "
+            "not always ABORTED"
+        )
+
+
+@pytest.mark.ex7_4
 def test_settled_requests_are_left_alone() -> None:
     scheduler, _, (a, *_rest) = _busy_scheduler()
     scheduler._end_request(a.id, RequestStatus.ABORTED, "first")
