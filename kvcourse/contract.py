@@ -7,7 +7,7 @@ scheduler runs unchanged over `MockKVCacheManager` (notebook 02) and the paged `
 (notebook 03). The engine loop (`kvcourse.engine.EngineCore`) drives any `SchedulerProtocol` with
 any `ExecutorProtocol`: the toy model of notebooks 01-04 or GPT-2's `ModelRunner`.
 
-(vLLM's file `kv_cache_interface.py` is something else: the per-layer KV cache specs, KVCacheSpec.)
+(vLLM's file `vllm/v1/kv_cache_interface.py` is something else: the per-layer KV cache specs, KVCacheSpec.)
 """
 
 from __future__ import annotations
