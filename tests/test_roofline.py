@@ -101,3 +101,8 @@ def test_the_study_reports_kvcourse_against_the_bound(capsys):
     throughput.print_table(result)
     out = capsys.readouterr().out
     assert "time / bound" in out and "x the bound" in out and "of the roofline" in out
+    kvcourse_row = next(line for line in out.splitlines() if line.startswith("kvcourse "))
+    assert result["agreement_with_hf_continuous"]["kvcourse"] == 1.0, "kvcourse's greedy tokens differ from HF's"
+    assert "same tokens" in out and kvcourse_row.endswith("100%"), (
+        f"the table must say the tokens agree: {kvcourse_row!r}"
+    )

@@ -3,7 +3,8 @@
 A decode step multiplies a handful of rows by every weight matrix, so it is bound by reading the
 weights. GPT-2's `Conv1D` computes `x @ W` with W stored [in, out]; oneDNN's linear reads the same
 weights from a packed copy 1.3x to 1.8x faster at GPT-2 small's shapes (8 to 64 rows, 2 threads), and the
-full throughput study runs 1.9x faster with it (`kvcourse_model_weights` in `kvcourse.bench throughput`).
+full throughput study runs 2.7x faster with it (`kvcourse_model_weights` in `kvcourse.bench throughput`,
+2026-12-02).
 Like vLLM's `process_weights_after_loading`, the weights are converted once per model and process
 (about a second for GPT-2 small; again only if a weight changes); the model itself is never changed,
 so Hugging Face code that shares it still runs as before. The copy costs the weights' memory once more.

@@ -386,7 +386,7 @@ def ordered(names) -> list[str]:
 
 
 def print_table(result: dict) -> None:
-    """Tokens per second per system and the ratio to static batching; then the block-size sweep."""
+    """Tokens per second per system, its ratios to HF, its time over the roofline bound and whether its tokens are HF's; then the sweep."""
     w, st = result["workload"], result["settings"]
     print(
         f"throughput study on {result['device']}: {result['model']} "
@@ -394,13 +394,18 @@ def print_table(result: dict) -> None:
         f"{w['prompt_tokens']} prompt + {w['useful_output_tokens']} output tokens, batch {st['max_batch_size']}"
     )
     over = (result.get("roofline") or {}).get("time_over_bound", {})
+    same = result.get("agreement_with_hf_continuous", {})
     tps = result["tokens_per_s"]
-    print(f"{'system':<22} {'tokens/s':>9} {'x hf_static':>11} {'x hf_continuous':>15} {'time / bound':>12}")
+    print(
+        f"{'system':<22} {'tokens/s':>9} {'x hf_static':>11} {'x hf_continuous':>15} {'time / bound':>12} "
+        f"{'same tokens':>11}"
+    )
     for name in ordered(tps):
         bound = f"{over[name]:>11.2f}x" if name in over else f"{'-':>12}"
+        agrees = "reference" if name == "hf_continuous" else f"{same[name]:.0%}" if name in same else "-"
         print(
             f"{name:<22} {tps[name]:>9.1f} {result['ratio_to_hf_static'][name]:>11.2f} "
-            f"{tps[name] / tps['hf_continuous']:>15.2f} {bound}"
+            f"{tps[name] / tps['hf_continuous']:>15.2f} {bound} {agrees:>11}"
         )
     sweep = result["block_size_sweep"]["tokens_per_s"]
     if sweep:
