@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcourse.contract import blocks_needed  # noqa: F401
+from kvcourse.core.contract import blocks_needed  # noqa: F401
 
 try:  # Triton ships with torch on Linux; the reference functions work without it
     import triton

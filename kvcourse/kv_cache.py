@@ -1,7 +1,7 @@
 # kvcourse/kv_cache.py holds exercises 3.1-3.4, 4.1-4.6, 7.5: write only inside their TODO regions (the rest is given).
 """A paged KV-cache manager like vLLM v1's: free-block queue, block pool, manager (exercises 3.1-4.6, 7.5).
 
-The manager is what the scheduler talks to (kvcourse/contract.py); the given pieces are in kv_cache_utils.py.
+The manager is what the scheduler talks to (kvcourse/core/contract.py); the given pieces are in kv_cache_utils.py.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 
-from kvcourse import kv_cache_utils as utils
-from kvcourse.contract import KVCacheBlocks, blocks_needed, check_cache_shape, check_token_count  # noqa: F401
-from kvcourse.contract import MockKVCacheManager as MockKVCacheManager  # re-exported: the manager's double  # noqa: F401
-from kvcourse.kv_cache_utils import HASH_FUNCTION, BlockHash, KVCacheBlock, PrefixCacheStats  # noqa: F401
-from kvcourse.request import Request
+from kvcourse.core import kv_cache_utils as utils
+from kvcourse.core.contract import KVCacheBlocks, blocks_needed, check_cache_shape, check_token_count  # noqa: F401
+from kvcourse.core.contract import MockKVCacheManager as MockKVCacheManager  # re-exported: the manager's double  # noqa: F401
+from kvcourse.core.kv_cache_utils import HASH_FUNCTION, BlockHash, KVCacheBlock, PrefixCacheStats  # noqa: F401
+from kvcourse.core.request import Request
 
 # --------------------------------------------------------------------------------------------
 # Blocks and the free-block queue (exercise 3.1)

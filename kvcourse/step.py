@@ -3,18 +3,18 @@
 
 vLLM's `EngineCore.step` and nano-vllm's `LLMEngine.step` make the same three calls: the scheduler
 plans the step (a `SchedulerOutput`), the executor runs that plan, the scheduler learns what came
-out. `EngineCore` (kvcourse/engine.py) calls `engine_step(core)` and keeps the books around it.
+out. `EngineCore` (kvcourse/engine/llm_engine.py) calls `engine_step(core)` and keeps the books around it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvcourse.records import Deadlock, describe_stall  # noqa: F401
-from kvcourse.request import Request
+from kvcourse.core.records import Deadlock, describe_stall  # noqa: F401
+from kvcourse.core.request import Request
 
 if TYPE_CHECKING:
-    from kvcourse.engine import EngineCore
+    from kvcourse.engine.llm_engine import EngineCore
 
 
 def engine_step(core: EngineCore) -> list[Request]:

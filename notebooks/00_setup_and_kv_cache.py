@@ -73,7 +73,7 @@ all_ok = environment_report()
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (pretrained online, random offline)
-from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer
+from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer
 
 model = load_gpt2("gpt2")
 tokenizer = load_tokenizer()
@@ -148,7 +148,7 @@ check("0.1")
 
 # %%
 from kvcourse.memory import kv_bytes_per_token, max_sequences
-from kvcourse.models import GPT2_SIZES, gpt2_config
+from kvcourse.models.gpt2 import GPT2_SIZES, gpt2_config
 
 print(
     "kv_bytes_per_token(fp32):",

@@ -120,7 +120,7 @@ diagrams.iteration_batch()
 #    asks for one;
 # 3. **update**: the scheduler takes those tokens in, and says which requests just finished.
 #
-# Everything else is bookkeeping, and the course's `EngineCore` (`kvcourse/engine.py`) does it for you:
+# Everything else is bookkeeping, and the course's `EngineCore` (`kvcourse/engine/llm_engine.py`) does it for you:
 # it records each step (the timelines below are drawn from those records), times each phase, and if a
 # phase fails it fails only the requests that phase touched, gives their memory back and keeps the
 # engine alive. The same step drives the toy world here, the GPT-2 engine of notebook 05 and the server

@@ -71,9 +71,9 @@ from collections import deque
 import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, hint, solution, toy, viz  # noqa: F401  (hint, solution: for you)
-from kvcourse.contract import KVCacheBlocks, KVCacheManagerProtocol, MockKVCacheManager, describe_protocol
-from kvcourse.models import LESSON_PROMPTS, load_tokenizer
-from kvcourse.request import Request
+from kvcourse.core.contract import KVCacheBlocks, KVCacheManagerProtocol, MockKVCacheManager, describe_protocol
+from kvcourse.core.request import Request
+from kvcourse.models.gpt2 import LESSON_PROMPTS, load_tokenizer
 from kvcourse.scheduler import ScheduledSequence, SchedulerOutput, StallFreeScheduler
 from kvcourse.viz import diagrams
 
@@ -116,7 +116,7 @@ diagrams.scheduler_cache_executor()
 # %% [markdown]
 # ## 2. The data structures
 #
-# * **`Request`** (`kvcourse.request`): what the scheduler manages. The source lesson's names are all
+# * **`Request`** (`kvcourse.core.request`): what the scheduler manages. The source lesson's names are all
 #   there (`id`, `prompt_tokens`, `max_new_tokens`, `output_tokens`, `tokens_processed`,
 #   `is_prefill_done()`, `is_complete()`), next to the ones vLLM uses: `num_computed_tokens` (tokens
 #   whose K/V are in the cache; `tokens_processed` is another name for it), `num_tokens` (prompt plus
@@ -148,7 +148,7 @@ diagrams.block_table([7, 1, 4], num_tokens=10, block_size=4, pool=10)
 # %% [markdown]
 # ## 3. The contract
 #
-# The contract is written once, as a Protocol (`kvcourse/contract.py`): the scheduler accepts any manager
+# The contract is written once, as a Protocol (`kvcourse/core/contract.py`): the scheduler accepts any manager
 # that is an instance of it (`isinstance(manager, KVCacheManagerProtocol)`), the mock of this notebook and
 # the paged manager of notebook 03 alike. Here it is, read from the Protocol itself:
 
@@ -272,7 +272,7 @@ for decode in range(1, 21):
 #   newcomer never takes memory from anyone, and a step that had to preempt admits nobody.
 #
 # One call of `schedule_next_batch()` returns the step's **plan**, a `SchedulerOutput` (vLLM's name; in
-# `kvcourse/sched_output.py`): the scheduled sequences (tokens, first position, whether each samples),
+# `kvcourse/core/sched_output.py`): the scheduled sequences (tokens, first position, whether each samples),
 # `num_scheduled_tokens` per request, each request's block ids and the ones new this step, the block
 # copies to make first, and who was preempted. The source lesson's loop still reads it as a batch:
 # `if not batch`, `len(batch)` and `for seq in batch` go over the scheduled sequences. The executor takes

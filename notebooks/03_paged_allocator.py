@@ -57,9 +57,9 @@ import random
 import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, toy
+from kvcourse.core.request import Request
 from kvcourse.kv_cache import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, KVCacheManager
-from kvcourse.models import LESSON_PROMPTS, load_tokenizer
-from kvcourse.request import Request
+from kvcourse.models.gpt2 import LESSON_PROMPTS, load_tokenizer
 from kvcourse.scheduler import StallFreeScheduler
 from kvcourse.viz import diagrams
 from kvcourse.viz.widgets import BlockTableWidget, record_run

@@ -62,8 +62,8 @@ import random
 import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, toy
+from kvcourse.core.request import Request
 from kvcourse.kv_cache import KVCacheManager, hash_block_tokens, hash_request_tokens
-from kvcourse.request import Request
 from kvcourse.scheduler import ScheduledSequence, StallFreeScheduler
 from kvcourse.viz import diagrams
 from kvcourse.viz.widgets import BlockTableWidget, Recorder, record_run, snapshot
@@ -608,10 +608,10 @@ plt.show()
 # * `conversation`: one hour of the chatbot's traffic, with its real arrival times;
 # * `synthetic`: requests built from public data sets, with Poisson arrivals.
 #
-# `kvcourse.traces.load_trace(name)` reads one into a list of `TraceRequest`s.
+# `kvcourse.bench.traces.load_trace(name)` reads one into a list of `TraceRequest`s.
 
 # %%
-from kvcourse.traces import load_trace, prompt_tokens
+from kvcourse.bench.traces import load_trace, prompt_tokens
 
 chat, synthetic = load_trace("conversation"), load_trace("synthetic")
 for name, trace in [("conversation", chat), ("synthetic", synthetic)]:

@@ -60,9 +60,9 @@ if not torch.cuda.is_available():
 import matplotlib.pyplot as plt
 
 from kvcourse import attention, check
-from kvcourse.engine import LLMEngine, hf_greedy
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
 from kvcourse.model_runner import prepare_inputs
-from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer
+from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer
 from kvcourse.scheduler import ScheduledSequence
 from kvcourse.viz import diagrams
 
@@ -319,7 +319,7 @@ check("5.5")
 # ## 7. Plugging the paged cache into GPT-2, without patching it
 #
 # Hugging Face models offer two extension points, and the engine uses exactly those
-# (`kvcourse/paged_cache.py`):
+# (`kvcourse/worker/paged_cache.py`):
 #
 # * **A `Cache` subclass.** In every layer GPT-2 calls `cache.update(key, value, layer_idx, kwargs)`.
 #   Our `PagedKVCache` holds one `PagedCacheLayer` per layer; its `update` calls *your*

@@ -67,9 +67,9 @@ import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, hint, solution, toy  # noqa: F401  (hint, solution: for you)
 from kvcourse.bench import serving
-from kvcourse.contract import MockKVCacheManager
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.request import Request, RequestStatus
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy.arrivals import SimulatedClock, serve
 

@@ -63,7 +63,7 @@ from IPython.display import display
 
 from kvcourse import answer
 from kvcourse.bench import serving
-from kvcourse.engine import hf_greedy
+from kvcourse.engine.llm_engine import hf_greedy
 from kvcourse.serve import ServerThread, build_app
 from kvcourse.serve.blocks import snapshot_from_json, take_snapshot
 from kvcourse.serve.detokenize import decode
@@ -335,7 +335,7 @@ print("aborted requests:", metric(values, "vllm:request_success_total", finished
 # ## 6. Sampling, and n completions through the prefix cache
 #
 # A sampled request draws its next token instead of taking the most likely one. The engine's sampler
-# (`kvcourse/sampler.py`, after vLLM's `vllm/v1/sample/sampler.py`) does it for the whole batch at
+# (`kvcourse/worker/sampler.py`, after vLLM's `vllm/v1/sample/sampler.py`) does it for the whole batch at
 # once, row by row with each request's `SamplingParams`: presence, frequency and repetition penalties,
 # then temperature, the top-k and top-p masks, and one draw per row. Each request draws from its own
 # `torch.Generator`, seeded from `seed`, so the same seed gives the same tokens whatever else shares

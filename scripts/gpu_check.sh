@@ -59,7 +59,7 @@ install_kit() {
     # PIP_CONFIG_FILE=/dev/null: this machine's pip settings (indexes, constraints) play no part.
     PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target "$target" \
         "${wheels[@]}" || fail "pip could not install $WHEELS/*.whl into $target (above)."
-    PYTHONPATH="$target:$PWD" "$PY" -c "from kvcourse.models import load_tokenizer; assert load_tokenizer().encode('Hello') == [15496]" \
+    PYTHONPATH="$target:$PWD" "$PY" -c "from kvcourse.models.gpt2 import load_tokenizer; assert load_tokenizer().encode('Hello') == [15496]" \
         || fail "the course does not run with the kit in $target (above)."
     echo "kit: ${#wheels[@]} wheels installed in $target with pip --no-index; the course imports from it"
 }

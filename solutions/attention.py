@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcourse.contract import blocks_needed
+from kvcourse.core.contract import blocks_needed
 
 try:  # Triton ships with torch on Linux; the reference functions work without it
     import triton

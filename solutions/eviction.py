@@ -18,8 +18,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
+from kvcourse.core.kv_cache_utils import BlockHash, KVCacheBlock
 from kvcourse.kv_cache import BlockPool, KVCacheManager
-from kvcourse.kv_cache_utils import BlockHash, KVCacheBlock
 
 
 class RankedBlockPool(BlockPool):

@@ -1,6 +1,6 @@
 """A paged KV-cache manager like vLLM v1's: free-block queue, block pool, manager (exercises 3.1-4.6, 7.5).
 
-The manager is what the scheduler talks to (kvcourse/contract.py); the given pieces are in kv_cache_utils.py.
+The manager is what the scheduler talks to (kvcourse/core/contract.py); the given pieces are in kv_cache_utils.py.
 """
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 
-from kvcourse import kv_cache_utils as utils
-from kvcourse.contract import KVCacheBlocks, blocks_needed, check_cache_shape, check_token_count
-from kvcourse.contract import MockKVCacheManager as MockKVCacheManager  # re-exported: the manager's double
-from kvcourse.kv_cache_utils import HASH_FUNCTION, BlockHash, KVCacheBlock, PrefixCacheStats
-from kvcourse.request import Request
+from kvcourse.core import kv_cache_utils as utils
+from kvcourse.core.contract import KVCacheBlocks, blocks_needed, check_cache_shape, check_token_count
+from kvcourse.core.contract import MockKVCacheManager as MockKVCacheManager  # re-exported: the manager's double
+from kvcourse.core.kv_cache_utils import HASH_FUNCTION, BlockHash, KVCacheBlock, PrefixCacheStats
+from kvcourse.core.request import Request
 
 # --------------------------------------------------------------------------------------------
 # Blocks and the free-block queue (exercise 3.1)

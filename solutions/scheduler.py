@@ -1,7 +1,7 @@
 """The memory-aware StallFreeScheduler (exercises 2.1-2.9, 7.1-7.4): it plans each step and secures its KV memory.
 
 Policy lives here (who runs, who is preempted or rejected); mechanism in the KV-cache manager, reached
-only through `KVCacheManagerProtocol` (kvcourse/contract.py). `schedule_next_batch()` (vLLM's
+only through `KVCacheManagerProtocol` (kvcourse/core/contract.py). `schedule_next_batch()` (vLLM's
 `Scheduler.schedule()`) plans decodes, then one prefill in progress, then admissions, each only once
 `allocate_slots` has succeeded, into a `SchedulerOutput`; then it applies the plan once. Knobs: scheduler_config.py.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from kvcourse.contract import KVCacheManagerProtocol, blocks_needed, check_implements
-from kvcourse.request import Request, RequestStatus, check_new_request
-from kvcourse.sched_output import ScheduledSequence, SchedulerOutput
-from kvcourse.scheduler_config import PreemptionCosts, check_knobs, positive_int
+from kvcourse.core.contract import KVCacheManagerProtocol, blocks_needed, check_implements
+from kvcourse.core.request import Request, RequestStatus, check_new_request
+from kvcourse.core.sched_output import ScheduledSequence, SchedulerOutput
+from kvcourse.core.scheduler_config import PreemptionCosts, check_knobs, positive_int
 
 
 def swap_seconds(num_tokens: int, costs: PreemptionCosts) -> float:

@@ -22,11 +22,11 @@ if not solutions_enabled():
     )
 
 from kvcourse import toy
-from kvcourse.contract import MockKVCacheManager
-from kvcourse.engine import LLMEngine, hf_greedy
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.models import load_gpt2
-from kvcourse.request import Request
+from kvcourse.models.gpt2 import load_gpt2
 from kvcourse.scheduler import StallFreeScheduler
 
 torch.set_num_threads(1)

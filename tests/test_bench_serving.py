@@ -23,8 +23,8 @@ from kvcourse.bench.serving import (
     simulated_preemption_costs,
     summarize,
 )
-from kvcourse.contract import MockKVCacheManager
-from kvcourse.request import Request
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request
 from kvcourse.scheduler import StallFreeScheduler
 from kvcourse.toy import toy_generate, toy_requests
 from kvcourse.toy.arrivals import SimulatedClock, WallClock, serve
@@ -189,8 +189,8 @@ def test_gpt2_engine_serves_arrivals_on_both_clocks() -> None:
     import torch
     from transformers import GPT2LMHeadModel
 
-    from kvcourse.engine import LLMEngine
-    from kvcourse.models import tiny_gpt2_config
+    from kvcourse.engine.llm_engine import LLMEngine
+    from kvcourse.models.gpt2 import tiny_gpt2_config
     from kvcourse.toy.arrivals import serve_engine
 
     torch.manual_seed(0)
@@ -212,7 +212,7 @@ def test_wall_clock_sweep_runs_gpt2_through_the_engine() -> None:
     from transformers import GPT2LMHeadModel
 
     from kvcourse.bench.serving import wall_clock_sweep
-    from kvcourse.models import tiny_gpt2_config
+    from kvcourse.models.gpt2 import tiny_gpt2_config
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(tiny_gpt2_config()).eval()

@@ -15,8 +15,8 @@ if not solutions_enabled():
         allow_module_level=True,
     )
 
-from kvcourse.engine import LLMEngine, hf_greedy
-from kvcourse.models import load_gpt2
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
+from kvcourse.models.gpt2 import load_gpt2
 
 torch.set_num_threads(1)  # tiny matrices: one thread is much faster on a shared 2-core machine
 NEW_TOKENS = 6
@@ -84,7 +84,7 @@ def test_prefix_caching_under_preemption_matches(model, expected):
 
 
 def test_strings_use_the_gpt2_tokenizer(model):
-    from kvcourse.models import load_tokenizer
+    from kvcourse.models.gpt2 import load_tokenizer
 
     text = "The capital of France is"
     engine = LLMEngine(model, num_blocks=32, block_size=16)

@@ -24,9 +24,9 @@ if not solutions_enabled():
 
 from kvcourse import attention
 from kvcourse.backends.fast import FastAttentionMetadata, fast_paged_attention
-from kvcourse.engine import LLMEngine, hf_greedy
-from kvcourse.model_runner import ModelRunner
-from kvcourse.models import load_gpt2
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
+from kvcourse.models.gpt2 import load_gpt2
+from kvcourse.worker.model_runner import ModelRunner
 
 torch.set_num_threads(1)  # tiny tensors: one thread is faster on a shared 2-core machine
 NEW_TOKENS = 6

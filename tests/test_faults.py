@@ -24,10 +24,10 @@ if not solutions_enabled():
     )
 
 from kvcourse import toy
-from kvcourse.engine import BatchContractError, Deadlock, EngineCore, LLMEngine, hf_greedy
+from kvcourse.core.request import Request, RequestStatus
+from kvcourse.engine.llm_engine import BatchContractError, Deadlock, EngineCore, LLMEngine, hf_greedy
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.models import load_gpt2
-from kvcourse.request import Request, RequestStatus
+from kvcourse.models.gpt2 import load_gpt2
 from kvcourse.scheduler import StallFreeScheduler
 
 torch.set_num_threads(1)

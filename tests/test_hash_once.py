@@ -7,7 +7,7 @@ import random
 from reference import load_reference
 
 from kvcourse import toy
-from kvcourse.request import Request
+from kvcourse.core.request import Request
 
 kv_cache = load_reference("kv_cache")
 scheduler_module = load_reference("scheduler")

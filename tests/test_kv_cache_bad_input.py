@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from reference import load_reference
 
-from kvcourse.request import Request
+from kvcourse.core.request import Request
 
 kv = load_reference("kv_cache")
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from reference import load_reference
 
-from kvcourse.request import Request
+from kvcourse.core.request import Request
 
 KVCacheManager = load_reference("kv_cache").KVCacheManager
 PREFIXES = [[7, 1, 2, 3, 4, 5, 6, 7], [7, 1, 2, 3, 0, 0], [2]]  # shared "system prompts"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcourse.contract import KVCacheBlocks, KVCacheManagerProtocol, MockKVCacheManager, blocks_needed
-from kvcourse.request import Request
+from kvcourse.core.contract import KVCacheBlocks, KVCacheManagerProtocol, MockKVCacheManager, blocks_needed
+from kvcourse.core.request import Request
 
 
 def req(request_id: int = 0, computed: int = 0) -> Request:

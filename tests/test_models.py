@@ -5,7 +5,7 @@ import socket
 import pytest
 import torch
 
-from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer, tiny_gpt2_config
+from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer, tiny_gpt2_config
 
 
 def test_tokenizer_is_real_gpt2():
@@ -22,7 +22,7 @@ def test_offline_gives_seeded_random_weights_and_says_so(monkeypatch, capsys):
         raise AssertionError("load_gpt2 touched the network while HF_HUB_OFFLINE=1")
 
     monkeypatch.setattr(socket, "create_connection", no_network)
-    monkeypatch.setattr("kvcourse.models._pretrained", lambda name: None)  # ignore any local HF cache
+    monkeypatch.setattr("kvcourse.models.gpt2._pretrained", lambda name: None)  # ignore any local HF cache
     first = load_gpt2("gpt2")
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "random weights" in out[0]

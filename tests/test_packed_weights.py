@@ -21,8 +21,8 @@ if not torch.backends.mkldnn.is_available():
 from transformers import GPT2Config
 
 from kvcourse.backends.packed import MIN_PACKED_WIDTH, PackedLinear, PackedWeights, can_pack, packed_weights
-from kvcourse.engine import LLMEngine, hf_greedy
-from kvcourse.models import load_gpt2, random_gpt2
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
+from kvcourse.models.gpt2 import load_gpt2, random_gpt2
 
 torch.set_num_threads(1)
 PROMPTS = [[5, 6, 7, 8, 9], [1000, 2000], list(range(30, 61))]

@@ -153,8 +153,8 @@ def test_bad_shapes_are_refused_clearly():
 _INTERPRETED = """
 import sys, torch
 from kvcourse import attention
-from kvcourse.engine import LLMEngine, hf_greedy
-from kvcourse.models import load_gpt2
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
+from kvcourse.models.gpt2 import load_gpt2
 torch.set_num_threads(1)
 cases = torch.load(sys.argv[1])
 out = {name: attention.triton_paged_decode_attention(*args) for name, args in cases.items()}

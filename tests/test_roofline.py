@@ -7,7 +7,7 @@ import torch
 
 from kvcourse.bench import roofline, throughput
 from kvcourse.course.solutions_switch import solutions_enabled
-from kvcourse.models import load_gpt2
+from kvcourse.models.gpt2 import load_gpt2
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_bound_takes_the_larger_of_memory_and_arithmetic_per_step():
 
 @pytest.mark.skipif(not solutions_enabled(), reason="runs the engine: the reference (KVCOURSE_SOLUTIONS=1)")
 def test_recording_steps_sees_each_engine_step_and_nothing_else(tiny):
-    from kvcourse.engine import LLMEngine, hf_greedy
+    from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
 
     prompts = [[464, 3290, 318, 257], [15496, 995]]
     engine = LLMEngine(tiny, num_blocks=32, block_size=4)

@@ -1,4 +1,4 @@
-"""The sampler (kvcourse/sampler.py): its masks, penalties and seeds on hand-made logits, then in the engine."""
+"""The sampler (kvcourse/worker/sampler.py): its masks, penalties and seeds on hand-made logits, then in the engine."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kvcourse.request import Request, RequestStatus
-from kvcourse.sampler import (
+from kvcourse.core.request import Request, RequestStatus
+from kvcourse.worker.sampler import (
     GREEDY,
     Sampler,
     SamplingParams,
@@ -171,14 +171,14 @@ def test_logprobs_are_the_raw_distributions_and_kept_by_output_position():
 # ------------------------------------------------------------------------------- in the engine
 @pytest.fixture(scope="module")
 def engine():
-    from kvcourse.engine import LLMEngine
-    from kvcourse.models import load_gpt2
+    from kvcourse.engine.llm_engine import LLMEngine
+    from kvcourse.models.gpt2 import load_gpt2
 
     return LLMEngine(load_gpt2("tiny", verbose=False), num_blocks=64, block_size=16)
 
 
 def test_engine_default_is_greedy_and_seeded_runs_repeat_across_batches(engine):
-    from kvcourse.engine import hf_greedy
+    from kvcourse.engine.llm_engine import hf_greedy
 
     prompts = [list(range(100, 130)), [5, 6, 7]]
     assert engine.generate(prompts, 5) == [hf_greedy(engine.model, p, 5) for p in prompts]

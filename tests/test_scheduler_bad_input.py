@@ -7,8 +7,8 @@ from types import ModuleType
 import pytest
 from reference import load_reference
 
-from kvcourse.contract import MockKVCacheManager
-from kvcourse.request import Request, RequestStatus
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.toy import BlindStallFreeScheduler, Deadlock, run, toy_requests
 
 

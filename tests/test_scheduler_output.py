@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvcourse.contract import MockKVCacheManager
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request, RequestStatus
+from kvcourse.core.sched_output import ScheduledSequence, SchedulerOutput
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.request import Request, RequestStatus
-from kvcourse.sched_output import ScheduledSequence, SchedulerOutput
 from kvcourse.scheduler import StallFreeScheduler
 from kvcourse.toy import ToyExecutor, toy_requests
 

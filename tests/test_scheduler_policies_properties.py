@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from reference import load_reference
 
-from kvcourse.contract import MockKVCacheManager
-from kvcourse.request import Request, RequestStatus
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.toy import toy_generate
 from kvcourse.toy.arrivals import SimulatedClock, StepCost, UnpagedToyExecutor, serve
 

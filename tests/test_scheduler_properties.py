@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from reference import load_reference
 
-from kvcourse.contract import MockKVCacheManager
-from kvcourse.request import Request, RequestStatus
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.toy import ToyExecutor, toy_generate
 
 VOCAB = 7  # small, so that end-of-sequence tokens and shared prefixes happen often

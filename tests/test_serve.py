@@ -28,8 +28,8 @@ if not solutions_enabled():
 import httpx
 import openai
 
-from kvcourse.engine import hf_greedy
-from kvcourse.models import load_gpt2, load_tokenizer
+from kvcourse.engine.llm_engine import hf_greedy
+from kvcourse.models.gpt2 import load_gpt2, load_tokenizer
 from kvcourse.serve import ServerThread, build_app
 from kvcourse.serve.__main__ import main as serve_main
 from kvcourse.serve.blocks import snapshot_from_json, snapshot_to_json

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcourse.course.solutions_switch import solutions_enabled
-from kvcourse.traces import (
+from kvcourse.bench.traces import (
     TRACE_BLOCK_SIZE,
     TRACE_DIR,
     TraceRequest,
@@ -20,6 +19,7 @@ from kvcourse.traces import (
     prompt_tokens,
     to_request,
 )
+from kvcourse.course.solutions_switch import solutions_enabled
 
 needs_reference = pytest.mark.skipif(
     not solutions_enabled(),
@@ -231,9 +231,9 @@ def test_serving_the_trace_with_and_without_prefix_caching():
 
 @needs_reference
 def test_a_policy_goes_only_into_a_fresh_manager_and_survives_a_reset():
+    from kvcourse.core.request import Request
     from kvcourse.eviction import FIFOBlockPool, with_policy
     from kvcourse.kv_cache import KVCacheManager
-    from kvcourse.request import Request
 
     manager = with_policy(KVCacheManager(8, 2, enable_prefix_caching=True), FIFOBlockPool)
     request = Request(0, [1, 2, 3, 4, 5], 1)

@@ -110,7 +110,7 @@ def test_paths_symbols_and_metrics_are_read_from_the_text(tmp_path):
         tmp_path,
         "| `vllm/v1/core/block_pool.py` · `BlockPool`, `FreeQ` (`popleft`) |\n"
         "`AsyncLLM` (`vllm/v1/engine/async_llm.py`), `vllm/entrypoints/openai/completion/{serving,protocol}.py`,\n"
-        "`vllm/v1/core/`, `kvcourse/engine.py`, https://github.com/vllm-project/vllm/blob/v0.1/vllm/x.py, "
+        "`vllm/v1/core/`, `kvcourse/engine/llm_engine.py`, https://github.com/vllm-project/vllm/blob/v0.1/vllm/x.py, "
         "`vllm:num_requests_running` and `nano-vllm/x.py`\n",
     )
     assert set(refs["paths"]) == {

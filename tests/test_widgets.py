@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from reference import load_reference
 
-from kvcourse.request import Request
+from kvcourse.core.request import Request
 from kvcourse.viz.widgets import (
     CACHED_FREE,
     FREE,

@@ -31,7 +31,7 @@ from kvcourse.bench.common import (
     run_reference,
     whose_code,
 )
-from kvcourse.contract import blocks_needed
+from kvcourse.core.contract import blocks_needed
 
 HEADS, HEAD_DIM, BLOCK_SIZE = 12, 64, 16  # GPT-2 small
 SPEC_PEAK_BYTES_PER_S = {  # public spec sheets: HBM bandwidth, for the fraction-of-peak column only

@@ -28,14 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvcourse.bench.common import device_name, emit, not_written, parse_args, run_reference, whose_code
-from kvcourse.contract import MockKVCacheManager
-from kvcourse.request import Request
-from kvcourse.sched_output import SchedulerOutput
+from kvcourse.bench.traces import TRACE_BLOCK_SIZE, TraceRequest, load_trace, prompt_tokens, truncated
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request
+from kvcourse.core.sched_output import SchedulerOutput
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy.arrivals import RequestTimes, ServingRun, SimulatedClock, StepCost, serve
 from kvcourse.toy.executor import ToyExecutor
 from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_generate
-from kvcourse.traces import TRACE_BLOCK_SIZE, TraceRequest, load_trace, prompt_tokens, truncated
 
 PERCENTILES = (50, 90, 99)
 LONG_PROMPT = 160  # prompts at least this long are "long" in the long-tailed workload
@@ -201,7 +201,7 @@ def measure_step_costs(model, prompt_lens: Sequence[int] = (8, 32, 64, 128, 256)
     """(tokens fed, seconds) of real engine steps: one prompt at a time, its prefill then a few decodes."""
     import time
 
-    from kvcourse.engine import LLMEngine
+    from kvcourse.engine.llm_engine import LLMEngine
 
     samples = []
     for n in prompt_lens:
@@ -392,7 +392,7 @@ def print_swap_rows(rows: list[dict]) -> None:
 
 def wall_clock_sweep(rates: Sequence[float], num_requests: int, model, num_blocks: int = 2048) -> list[dict]:
     """GPT-2 itself under Poisson arrivals on the wall clock (a GPU run): the same metrics, measured."""
-    from kvcourse.engine import LLMEngine
+    from kvcourse.engine.llm_engine import LLMEngine
     from kvcourse.toy.arrivals import WallClock, serve_engine
 
     rows = []
@@ -509,7 +509,7 @@ def _wall_clock_part(quick: bool) -> dict:
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device: the wall-clock sweep runs on a GPU only (the simulated clock is above)"}
-    from kvcourse.models import load_gpt2
+    from kvcourse.models.gpt2 import load_gpt2
 
     model = load_gpt2("gpt2", verbose=False).to("cuda")
     rates = (4, 16, 64) if quick else (2, 4, 8, 16, 32, 64, 128)

@@ -45,7 +45,7 @@ from kvcourse.bench.common import (
     run_reference,
     whose_code,
 )
-from kvcourse.contract import blocks_needed
+from kvcourse.core.contract import blocks_needed
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def kvcourse_engine(
 
     def run_engine(model, work: Workload, s: Settings) -> list[list[int]]:
         from kvcourse.bench.roofline import recording_steps
-        from kvcourse.engine import LLMEngine
+        from kvcourse.engine.llm_engine import LLMEngine
 
         size = block_size or s.block_size
         engine = LLMEngine(
@@ -306,7 +306,7 @@ def run(
 
     from kvcourse.backends.packed import can_pack
     from kvcourse.bench import roofline
-    from kvcourse.models import load_gpt2
+    from kvcourse.models.gpt2 import load_gpt2
 
     cuda = torch.cuda.is_available()
     s = settings(quick, cuda)

@@ -6,7 +6,7 @@ tokens reach less than half of the maximum hit rate in most workloads while 50 m
 to it. This study does the same through the course's own manager, not a separate simulator:
 
 - each 512-token trace block is one block of a `KVCacheManager` with prefix caching; its tokens are
-  stand-ins made from its hash id (`kvcourse.traces.prompt_tokens`, 2 tokens per block), so the
+  stand-ins made from its hash id (`kvcourse.bench.traces.prompt_tokens`, 2 tokens per block), so the
   manager's own hash chain finds exactly the sharing the trace records;
 - a capacity of C tokens is C // 512 blocks;
 - each request in turn: `get_computed_blocks` (the prefix hits), `allocate_slots` for its full blocks
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvcourse.bench.common import device_name, emit, not_written, parse_args, run_reference, whose_code
-from kvcourse.request import Request
-from kvcourse.traces import PROVENANCE, TRACE_BLOCK_SIZE, TraceRequest, load_trace, to_request
+from kvcourse.bench.traces import PROVENANCE, TRACE_BLOCK_SIZE, TraceRequest, load_trace, to_request
+from kvcourse.core.request import Request
 
 BLOCK_SIZE = 2  # stand-in tokens per 512-token trace block (any size >= 2 gives the same hits)
 CAPACITIES = (

@@ -174,7 +174,7 @@ def _decode_contiguous(running: list[Running], pool: FirstFitPool) -> list[Runni
 
 def replay_paged(trace: list[TraceRequest], block_size: int, capacity: int, manager_cls: type | None = None) -> dict:
     """FCFS replay through the paged KVCacheManager: blocks on demand, preemption by recompute."""
-    from kvcourse.request import Request
+    from kvcourse.core.request import Request
 
     if manager_cls is None:
         from kvcourse.kv_cache import KVCacheManager as manager_cls

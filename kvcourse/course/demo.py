@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvcourse.engine import LLMEngine, hf_greedy
-from kvcourse.models import LESSON_PROMPTS, load_gpt2, load_tokenizer
+from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
+from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

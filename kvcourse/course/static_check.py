@@ -151,7 +151,7 @@ def _absolute(node: ast.ImportFrom, package: str | None) -> str:
 
 
 def _module_bindings(path: Path) -> set[str]:
-    """Names a trusted module binds to other modules (`import os` in kvcourse/engine.py): not importable from it."""
+    """Names a trusted module binds to other modules (`import os` in kvcourse/engine/llm_engine.py): not importable from it."""
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError):
@@ -290,7 +290,7 @@ class _Checker(ast.NodeVisitor):
         )
 
     def _module_member(self, node: ast.AST, module: str, chain: list[str]) -> None:
-        """`torch.nn.functional.softmax` is fine; `torch.load`, `torch.os`, `kvcourse.engine.sys` are not."""
+        """`torch.nn.functional.softmax` is fine; `torch.load`, `torch.os`, `kvcourse.engine.llm_engine.sys` are not."""
         inside = True  # still walking through modules the policy lists
         for part in chain:
             if inside and f"{module}.{part}" in self.policy.modules:

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvcourse.contract import blocks_needed
+from kvcourse.core.contract import blocks_needed
 from kvcourse.serve.blocks import snapshot_to_json, take_snapshot
 from kvcourse.serve.detokenize import decode
 from kvcourse.serve.loop import EngineLoop, RequestStream

@@ -24,12 +24,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvcourse.request import Request, RequestStatus
-from kvcourse.sampler import SamplingParams, TokenLogprobs
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.serve.metrics import ServerMetrics
+from kvcourse.worker.sampler import SamplingParams, TokenLogprobs
 
 if TYPE_CHECKING:
-    from kvcourse.engine import LLMEngine
+    from kvcourse.engine.llm_engine import LLMEngine
 
 log = logging.getLogger("kvcourse.serve")
 IDLE_WAIT_S = 0.5  # how long an idle loop sleeps before it looks at its inbox again (it is also woken)

@@ -1,7 +1,7 @@
 """The OpenAI completions protocol as this server speaks it: the request, its checks, the replies.
 
 The fields are OpenAI's (`/v1/completions`) plus vLLM's extras (top_k, repetition_penalty, ignore_eos,
-return_token_ids). Sampling parameters become a kvcourse.sampler.SamplingParams; an omitted temperature
+return_token_ids). Sampling parameters become a kvcourse.worker.sampler.SamplingParams; an omitted temperature
 means 1, as in OpenAI's API and vLLM. JSON types are checked strictly: `true` is not a number, `"yes"`
 is not a boolean. Every refusal is a ServeError (OpenAI's error body) that names the parameter, says
 what to change, and quotes at most a short excerpt of what was sent.
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from kvcourse.sampler import SamplingParams, SamplingParamsError
+from kvcourse.worker.sampler import SamplingParams, SamplingParamsError
 
 SUPPORTED = (
     "Supported: model, prompt (a string, a list of token ids, or a list of either), max_tokens, temperature, "

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvcourse.sampler import TokenLogprobs
 from kvcourse.serve.detokenize import IncrementalDetokenizer
 from kvcourse.serve.loop import RequestOutput
 from kvcourse.serve.protocol import choice_body, completion_body, usage_body
+from kvcourse.worker.sampler import TokenLogprobs
 
 MIN_LOGPROB = -9999.0  # what vLLM reports for -inf (JSON has no infinity)
 

@@ -52,8 +52,8 @@ def build_app(
     attention: the engine's backend (None: the engine's default; "reference" runs your exercises 5.2-5.3).
     max_body_bytes: larger request bodies get a 413. debug_endpoints: serve /debug/blocks.
     """
-    from kvcourse.engine import LLMEngine
-    from kvcourse.models import load_gpt2, load_tokenizer
+    from kvcourse.engine.llm_engine import LLMEngine
+    from kvcourse.models.gpt2 import load_gpt2, load_tokenizer
 
     name = model_name or (model if isinstance(model, str) else "gpt2")
     if isinstance(model, str):

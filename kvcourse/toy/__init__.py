@@ -11,7 +11,7 @@ so it behaves like a real model in the ways that matter here:
     print(trace.format())                     # one line per iteration
 
 One file per job: `model` (the toy model and its unconstrained `toy_generate`), `executor` (its
-simulated KV cache), `runner` (`run`: the engine's own loop, `kvcourse.engine.EngineCore`, with the toy executor), `blind_scheduler` (notebook 01's
+simulated KV cache), `runner` (`run`: the engine's own loop, `kvcourse.engine.llm_engine.EngineCore`, with the toy executor), `blind_scheduler` (notebook 01's
 memory-blind scheduler), `workload` (seeded requests), `arrivals` (`serve`: requests arriving while the
 loop runs, on a simulated or the wall clock; notebook 07). Pictures live in `kvcourse.viz`.
 """

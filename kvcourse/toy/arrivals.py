@@ -20,10 +20,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvcourse.contract import SchedulerProtocol
-from kvcourse.engine import EngineCore, StepRecord, Trace
-from kvcourse.request import Request
-from kvcourse.sched_output import SchedulerOutput
+from kvcourse.core.contract import SchedulerProtocol
+from kvcourse.core.request import Request
+from kvcourse.core.sched_output import SchedulerOutput
+from kvcourse.engine.llm_engine import EngineCore, StepRecord, Trace
 from kvcourse.toy.executor import ToyExecutor
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from kvcourse.request import Request, RequestStatus, check_request
-from kvcourse.sched_output import ScheduledSequence, SchedulerOutput
+from kvcourse.core.request import Request, RequestStatus, check_request
+from kvcourse.core.sched_output import ScheduledSequence, SchedulerOutput
 
 
 class BlindStallFreeScheduler:

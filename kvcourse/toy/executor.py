@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcourse.contract import ScheduledSequenceProtocol
-from kvcourse.sched_output import SchedulerOutput
+from kvcourse.core.contract import ScheduledSequenceProtocol
+from kvcourse.core.sched_output import SchedulerOutput
 from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_next_token
 
 

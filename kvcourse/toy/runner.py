@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvcourse.contract import SchedulerProtocol
-from kvcourse.engine import EngineCore
-from kvcourse.records import Deadlock, StepRecord, Trace, format_step
-from kvcourse.sched_output import SchedulerOutput
+from kvcourse.core.contract import SchedulerProtocol
+from kvcourse.core.records import Deadlock, StepRecord, Trace, format_step
+from kvcourse.core.sched_output import SchedulerOutput
+from kvcourse.engine.llm_engine import EngineCore
 from kvcourse.toy.executor import ToyExecutor
 
 

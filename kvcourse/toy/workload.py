@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from kvcourse.request import Request
+from kvcourse.core.request import Request
 from kvcourse.toy.model import TOY_VOCAB_SIZE
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvcourse.engine import Trace
+from kvcourse.engine.llm_engine import Trace
 
 
 def memory_meter(used: int, capacity: int, width: int = 30, unit: str = "tokens") -> str:

@@ -25,8 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import ipywidgets as widgets
 
-from kvcourse.contract import SchedulerProtocol
-from kvcourse.request import Request
+from kvcourse.core.contract import SchedulerProtocol
+from kvcourse.core.request import Request
 
 # A qualitative palette (Tableau 10 + 6): request i is always drawn in PALETTE[i % len(PALETTE)].
 PALETTE = (

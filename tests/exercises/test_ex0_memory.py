@@ -5,7 +5,7 @@ import torch
 from transformers import GPT2Config, LlamaConfig
 
 from kvcourse.memory import kv_bytes_per_token, max_sequences
-from kvcourse.models import gpt2_config
+from kvcourse.models.gpt2 import gpt2_config
 
 
 @pytest.mark.ex0_1

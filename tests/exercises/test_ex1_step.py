@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvcourse.engine import BatchContractError, Deadlock, EngineCore, describe_stall
-from kvcourse.request import Request, RequestStatus
-from kvcourse.sched_output import SchedulerOutput
+from kvcourse.core.request import Request, RequestStatus
+from kvcourse.core.sched_output import SchedulerOutput
+from kvcourse.engine.llm_engine import BatchContractError, Deadlock, EngineCore, describe_stall
 from kvcourse.toy import BlindStallFreeScheduler, ToyExecutor, run, toy_generate, toy_requests
 
 

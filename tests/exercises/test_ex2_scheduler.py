@@ -12,8 +12,8 @@ import typing
 
 import pytest
 
-from kvcourse.contract import KVCacheBlocks, MockKVCacheManager
-from kvcourse.request import Request, RequestStatus
+from kvcourse.core.contract import KVCacheBlocks, MockKVCacheManager
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.scheduler import ScheduledSequence, SchedulerOutput, StallFreeScheduler
 from kvcourse.toy import run, toy_generate, toy_requests
 

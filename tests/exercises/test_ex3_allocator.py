@@ -17,8 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from invariants import assert_valid, checked
 from toy_world import ToyWorld, check_outputs, shared_prompt_workload, stand_ins
 
+from kvcourse.core.request import Request
 from kvcourse.kv_cache import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, KVCacheBlocks, KVCacheManager
-from kvcourse.request import Request
 
 STRESS_SEEDS = range(24)
 

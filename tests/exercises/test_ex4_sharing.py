@@ -13,8 +13,8 @@ from invariants import checked
 from toy_world import ToyWorld, check_outputs, shared_prompt_workload, stand_ins
 
 import kvcourse.kv_cache as kv_cache
+from kvcourse.core.request import Request
 from kvcourse.kv_cache import BlockPool, KVCacheManager, hash_block_tokens, hash_request_tokens
-from kvcourse.request import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = list(range(1000, 1012))  # a 12-token "system prompt": 3 full blocks of 4

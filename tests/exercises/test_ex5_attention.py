@@ -472,9 +472,9 @@ def test_lengths_starts_and_sample_positions():
 
 @pytest.mark.ex5_5
 def test_runner_reproduces_hugging_face_greedy():
-    from kvcourse.engine import hf_greedy
-    from kvcourse.model_runner import ModelRunner
-    from kvcourse.models import load_gpt2
+    from kvcourse.engine.llm_engine import hf_greedy
+    from kvcourse.models.gpt2 import load_gpt2
+    from kvcourse.worker.model_runner import ModelRunner
 
     model = load_gpt2("tiny", verbose=False)
     prompt = [464, 3139, 286, 4881, 318, 257, 1748, 1900, 329]

@@ -10,9 +10,9 @@ import warnings
 
 import pytest
 
-from kvcourse.contract import MockKVCacheManager
+from kvcourse.core.contract import MockKVCacheManager
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.kv_cache import KVCacheManager
-from kvcourse.request import Request, RequestStatus
 from kvcourse.scheduler import PreemptionCosts, StallFreeScheduler, recompute_seconds, swap_crossover, swap_seconds
 from kvcourse.toy import run, toy_generate, toy_requests
 

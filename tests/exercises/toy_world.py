@@ -21,8 +21,8 @@ import random
 import types
 from collections import deque
 
-from kvcourse.contract import KVCacheBlocks
-from kvcourse.request import Request, RequestStatus
+from kvcourse.core.contract import KVCacheBlocks
+from kvcourse.core.request import Request, RequestStatus
 from kvcourse.toy.model import TOY_VOCAB_SIZE, toy_next_token
 
 # ------------------------------------------------------------------------------------------ the toy model

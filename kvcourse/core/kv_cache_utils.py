@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvcourse.contract import KVCacheBlocks, check_token_count
-from kvcourse.request import Request
+from kvcourse.core.contract import KVCacheBlocks, check_token_count
+from kvcourse.core.request import Request
 
 BlockHash = bytes  # a SHA-256 digest: the same tokens give the same hash in every process
 HASH_FUNCTION = hashlib.sha256  # vLLM's default; unlike Python's hash(), stable across processes

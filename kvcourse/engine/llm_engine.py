@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from kvcourse import step as step_module  # looked up at each step: a learner's edit (autoreload) is seen
-from kvcourse.contract import ExecutorProtocol, SchedulerProtocol, blocks_needed
-from kvcourse.records import (
+from kvcourse.core.contract import ExecutorProtocol, SchedulerProtocol, blocks_needed
+from kvcourse.core.records import (
     PHASE_LABELS,
     PHASES,
     BatchContractError,
@@ -46,14 +46,14 @@ from kvcourse.records import (
     describe_stall,
     format_step,
 )
-from kvcourse.request import Request, RequestStatus, validate_max_new_tokens, validate_prompt_tokens
-from kvcourse.sched_output import SchedulerOutput
+from kvcourse.core.request import Request, RequestStatus, validate_max_new_tokens, validate_prompt_tokens
+from kvcourse.core.sched_output import SchedulerOutput
 
 if TYPE_CHECKING:
     import torch
 
     from kvcourse.kv_cache import KVCacheManager
-    from kvcourse.sampler import SamplingParams
+    from kvcourse.worker.sampler import SamplingParams
 
 Prompt = str | Sequence[int]
 PROGRESS_MIN_TOKENS = 256  # show a progress bar by default when a run generates at least this many tokens
@@ -299,8 +299,8 @@ class LLMEngine:
     ) -> None:
         # Imported here, not at the top: the toy world uses EngineCore without torch or transformers.
         from kvcourse.kv_cache import KVCacheManager
-        from kvcourse.model_runner import ModelRunner
         from kvcourse.scheduler import StallFreeScheduler
+        from kvcourse.worker.model_runner import ModelRunner
 
         self.model = model
         self.tokenizer = tokenizer
@@ -333,7 +333,7 @@ class LLMEngine:
         """The continuation of every prompt (token ids), in the order given: greedy unless sampling_params says otherwise.
 
         prompts: strings (encoded with the tokenizer, GPT-2's by default) or lists of token ids.
-        sampling_params: kvcourse.sampler.SamplingParams for every prompt (None: greedy, equal to hf_greedy).
+        sampling_params: kvcourse.worker.sampler.SamplingParams for every prompt (None: greedy, equal to hf_greedy).
         Every prompt is checked before any is queued: a bad one raises ValueError and nothing runs.
         progress: a tqdm bar on stderr; None shows it for runs of PROGRESS_MIN_TOKENS tokens or more.
         trace: record every step in `self.trace` (print them with `print(*engine.trace, sep="\\n")`).
@@ -436,7 +436,7 @@ class LLMEngine:
         """Token ids for one prompt; strings go through the tokenizer (GPT-2's unless another was given)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                from kvcourse.models import load_tokenizer
+                from kvcourse.models.gpt2 import load_tokenizer
 
                 self.tokenizer = load_tokenizer()
             prompt = self.tokenizer.encode(prompt)
@@ -474,11 +474,11 @@ class LLMEngine:
 
 def _check_sampling_params(params: object) -> SamplingParams | None:
     """The request's SamplingParams (None: greedy), or a ValueError saying what to pass."""
-    from kvcourse.sampler import SamplingParams
+    from kvcourse.worker.sampler import SamplingParams
 
     if params is not None and not isinstance(params, SamplingParams):
         raise ValueError(
-            f"sampling_params is {type(params).__name__}; pass kvcourse.sampler.SamplingParams(temperature=..., "
+            f"sampling_params is {type(params).__name__}; pass kvcourse.worker.sampler.SamplingParams(temperature=..., "
             "top_p=..., seed=...) or None for greedy."
         )
     return params
@@ -501,7 +501,7 @@ def hf_greedy(model: torch.nn.Module, prompt_tokens: Sequence[int], max_new_toke
     return output[0, input_ids.shape[1] :].tolist()
 
 
-__all__ = [  # the records and the stall error live in kvcourse/records.py; re-exported for the engine's readers
+__all__ = [  # the records and the stall error live in kvcourse/core/records.py; re-exported for the engine's readers
     "PHASES",
     "BatchContractError",
     "Deadlock",

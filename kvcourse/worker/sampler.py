@@ -222,7 +222,7 @@ class TokenLogprobs:
 class _RequestState:
     """What the sampler keeps for one request: its parameters, its random stream, its logprobs so far."""
 
-    request: Any  # kvcourse.request.Request: its prompt and output tokens feed the penalties
+    request: Any  # kvcourse.core.request.Request: its prompt and output tokens feed the penalties
     params: SamplingParams
     generator: torch.Generator | None = None
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)  # output position -> its logprobs

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvcourse.request import Request
+from kvcourse.core.request import Request
 
 if TYPE_CHECKING:
-    from kvcourse.contract import SchedulerProtocol
+    from kvcourse.core.contract import SchedulerProtocol
 
 # The parts of a step, timed (EngineStats.step_seconds), and how a fault report names each (EngineCore.phase).
 PHASE_LABELS = {"schedule": "scheduling", "execute": "the executor (the model)", "update": "update_from_output"}

@@ -4,7 +4,7 @@ The scheduler decides *which* requests run (policy); a KV-cache manager decides 
 and values live (mechanism). They talk through the few methods of `KVCacheManagerProtocol` (the one
 statement of the contract: the scheduler checks a manager against it with isinstance), so the
 scheduler runs unchanged over `MockKVCacheManager` (notebook 02) and the paged `KVCacheManager`
-(notebook 03). The engine loop (`kvcourse.engine.EngineCore`) drives any `SchedulerProtocol` with
+(notebook 03). The engine loop (`kvcourse.engine.llm_engine.EngineCore`) drives any `SchedulerProtocol` with
 any `ExecutorProtocol`: the toy model of notebooks 01-04 or GPT-2's `ModelRunner`.
 
 (vLLM's file `vllm/v1/kv_cache_interface.py` is something else: the per-layer KV cache specs, KVCacheSpec.)
@@ -17,10 +17,10 @@ import numbers
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from kvcourse.request import Request, RequestStatus
+from kvcourse.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from kvcourse.sched_output import SchedulerOutput
+    from kvcourse.core.sched_output import SchedulerOutput
 
 T = TypeVar("T")
 

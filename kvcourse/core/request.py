@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvcourse.sampler import SamplingParams
+    from kvcourse.worker.sampler import SamplingParams
 
 
 class RequestStatus(enum.Enum):

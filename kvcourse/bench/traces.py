@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcourse.contract import blocks_needed
-from kvcourse.request import Request, RequestStatus
+from kvcourse.core.contract import blocks_needed
+from kvcourse.core.request import Request, RequestStatus
 
 TRACE_DIR = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "mooncake"
 TRACES = {"conversation": "conversation_trace.jsonl.gz", "synthetic": "synthetic_trace.jsonl.gz"}

@@ -1,0 +1,1 @@
+"""The model families the engine serves, loaded offline (vLLM: vllm/model_executor/models/)."""
