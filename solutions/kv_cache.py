@@ -1,6 +1,6 @@
 """A paged KV-cache manager like vLLM v1's: free-block queue, block pool, manager (exercises 3.1-4.6, 7.5).
 
-The manager is what the scheduler talks to (kvcourse/core/contract.py); the given pieces are in kv_cache_utils.py.
+The manager is what the scheduler talks to (kvcourse/core/contract.py); the given pieces are in kvcourse/core/.
 """
 
 from __future__ import annotations

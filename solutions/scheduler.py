@@ -3,7 +3,7 @@
 Policy lives here (who runs, who is preempted or rejected); mechanism in the KV-cache manager, reached
 only through `KVCacheManagerProtocol` (kvcourse/core/contract.py). `schedule_next_batch()` (vLLM's
 `Scheduler.schedule()`) plans decodes, then one prefill in progress, then admissions, each only once
-`allocate_slots` has succeeded, into a `SchedulerOutput`; then it applies the plan once. Knobs: scheduler_config.py.
+`allocate_slots` has succeeded, into a `SchedulerOutput`; then it applies the plan once. Knobs: kvcourse/core/scheduler_config.py.
 """
 
 from __future__ import annotations

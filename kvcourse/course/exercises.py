@@ -222,7 +222,7 @@ _EXERCISES = [
         module="eviction",
         minutes=20,
         hint="A heap cannot delete from its middle, so it keeps entries that no longer mean anything: when you meet one at the top, how do you tell it is out of date? A key is a tuple compared left to right: what must decide first, and what only breaks ties?",
-        approach="_pop_victim: pop the smallest entry (key, tick, block id) off free_heap until the block it names is free (ref_cnt 0) and the entry's tick equals freed_at of that block; return that block (leave it in the queue). FIFOBlockPool.eviction_key: (cached_at of the block, freed_at of the block). LFUBlockPool.eviction_key: (whether the block holds a hash, its num_shares, its freed_at).",
+        approach="_pop_victim: pop the smallest entry (key, tick, block id) off free_heap until the block it names is free (ref_cnt 0) and the entry's tick equals freed_at of that block; return that block (the block stays in the free queue). FIFOBlockPool.eviction_key: (cached_at of the block, freed_at of the block). LFUBlockPool.eviction_key: (whether the block holds a hash, its num_shares, its freed_at).",
     ),
     Exercise(
         id="5.1",
@@ -278,7 +278,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=10,
         hint="The watermark protects requests that are already running. Count the blocks the first chunk would take (a partial block is a whole block) and see what would be left free. And if nobody is running, what is there to protect?",
-        approach="If nothing is running, return True. Otherwise blocks = blocks_needed(num_new_tokens, block_size); return free blocks - blocks >= self.watermark_blocks. Change nothing.",
+        approach="If no request is running, return True. Otherwise blocks = blocks_needed(num_new_tokens, block_size); return free blocks - blocks >= self.watermark_blocks. Change nothing.",
     ),
     Exercise(
         id="7.3",
@@ -286,7 +286,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=20,
         hint="A swap moves bytes twice (out, then back in) and pays the link's fixed latency each time; a recompute pays FLOPs once. Swap-out only has to remember what went to the CPU pool and give the victim its computed tokens back; swap-in is an admission that must also make room for everything it kept.",
-        approach="swap_seconds: 0 for no tokens, else 2 * (latency + tokens * bytes per token / bandwidth). recompute_seconds: tokens * flops_per_token / flops_per_s. swap_crossover: try n = 1, 2, ... up to max_tokens and return the first n for which swap is strictly cheaper; None if none is. _move_to_cpu: cpu_blocks = blocks_needed(num_computed, block_size); if num_computed is 0 or cpu_blocks exceeds the free CPU blocks return False; else record _swapped[id] = cpu_blocks, set num_computed_tokens back to num_computed, return True. _move_to_gpu: kept = num_computed_tokens; n = min(uncomputed, budget left); set num_computed_tokens to 0, allocate_slots(request, kept + n), restore kept; on None return None; else delete it from _swapped, remove it from the waiting queue, mark it RUNNING, add it to active_pool, and return _advance(request, n, is_decode=request.is_prefill_done()).",
+        approach="swap_seconds: 0 for no tokens, else 2 * (latency + tokens * bytes per token / bandwidth). recompute_seconds: tokens * flops_per_token / flops_per_s. swap_crossover: try n = 1, 2, ... up to max_tokens and return the first n for which swap is strictly cheaper; None if none is. _move_to_cpu: cpu_blocks = blocks_needed(num_computed, block_size); if num_computed is 0 or cpu_blocks exceeds the free CPU blocks return False; else record _swapped[id] = cpu_blocks, set num_computed_tokens back to num_computed, return True. _move_to_gpu: kept = num_computed_tokens; n = min(uncomputed, budget left); set num_computed_tokens to 0, allocate_slots(request, kept + n), restore kept; on None return None; else delete it from _swapped, remove it from the waiting queue, mark it RUNNING, add it to active_pool, and return self._new_sequence(request, n).",
     ),
     Exercise(
         id="7.4",

@@ -2,7 +2,7 @@
 
 The learner's half (kvcourse/model_runner.py: `prepare_inputs` and Exercise 5.5's `token_layout`) turns a
 plan into the model's inputs; this class runs one forward pass through the paged cache and samples.
-vLLM: `GPUModelRunner` (vllm/v1/worker/gpu/model_runner.py); nano-vllm: engine/model_runner.py.
+vLLM: `GPUModelRunner` (vllm/v1/worker/gpu/model_runner.py); nano-vllm: its `ModelRunner` class.
 """
 
 from __future__ import annotations
