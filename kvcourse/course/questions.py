@@ -159,6 +159,14 @@ _QUESTIONS = [
         digest="5dbd85efdbf9020a9fefb7c776977d645ae1d238d6d7f12273697f1187d3a617",
     ),
     Question(
+        id="0.c",
+        notebook="00",
+        prompt="How many times less KV cache per token SmolLM2 (9 query heads, 3 KV heads) needs than full "
+        "multi-head attention would",
+        kind="int",
+        digest="5eb5ebc26dc2012e8be655e5cae8502b651fad6149ecfe8375b5041ac3c4a7be",
+    ),
+    Question(
         id="3.a",
         notebook="03",
         prompt="Of 6 decode steps after 10 computed tokens (blocks of 4), how many take a new block",
