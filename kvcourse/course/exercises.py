@@ -46,7 +46,7 @@ _EXERCISES = [
         module="memory",
         minutes=5,
         hint="What does one token leave behind in every layer? Count elements first, bytes last.",
-        approach="Per layer a token stores one key and one value vector of _kv_width(config) elements; multiply by the layers and by the bytes of one element of the dtype.",
+        approach="Per layer a token stores one key and one value vector of head_dim numbers for each KV head (spec.num_kv_heads, not the query heads); multiply by the layers and by the bytes of one element of the dtype.",
     ),
     Exercise(
         id="0.2",

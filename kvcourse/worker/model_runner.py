@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class ModelRunner:
-    """Owns the paged KV storage and runs GPT-2 on scheduler batches (nano-vllm's ModelRunner)."""
+    """Owns the paged KV storage and runs the model (GPT-2, Llama) on scheduler batches (nano-vllm's ModelRunner)."""
 
     def __init__(
         self,
