@@ -94,17 +94,27 @@ def model_cost(model: torch.nn.Module) -> ModelCost:
         else:
             continue
         shapes[shape] = shapes.get(shape, 0) + 1
-    config = model.config
+    layers, heads, kv_heads, head_dim = attention_shape(model.config)
     element = next(model.parameters()).element_size()
     return ModelCost(
         layer_bytes=sum(p.nbytes for p in model.parameters() if id(p) not in skip),
         head_bytes=head.weight.nbytes,
         row_bytes=sum(m.weight[0].nbytes for m in embeddings),
-        kv_bytes_per_token=2 * config.n_layer * config.n_embd * element,
+        kv_bytes_per_token=2 * layers * kv_heads * head_dim * element,  # grouped-query: KV heads, not query heads
         linear_shapes=tuple((i, o, n) for (i, o), n in shapes.items()),
         head_shape=(head.in_features, head.out_features),
-        attention_width=config.n_layer * config.n_embd,
+        attention_width=layers * heads * head_dim,
     )
+
+
+def attention_shape(config) -> tuple[int, int, int, int]:
+    """(layers, query heads, KV heads, head dim) under GPT-2's config names or Llama's."""
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    width = getattr(config, "hidden_size", None) or config.n_embd
+    head_dim = getattr(config, "head_dim", None) or width // heads
+    return int(layers), int(heads), int(kv_heads), int(head_dim)
 
 
 @dataclass(frozen=True)
