@@ -90,6 +90,7 @@ print(
 
 # %%
 import torch
+
 from kvcourse.models.registry import chat_prompt, load_model
 
 smollm2, smol_tokenizer = load_model("smollm2")
@@ -211,8 +212,9 @@ for name in GPT2_SIZES:
 answer("0.c", None)
 
 # %%
-from kvcourse.models.smollm2 import smollm2_dir
 from transformers import AutoConfig
+
+from kvcourse.models.smollm2 import smollm2_dir
 
 smol = AutoConfig.from_pretrained(smollm2_dir())
 head_dim = smol.hidden_size // smol.num_attention_heads
