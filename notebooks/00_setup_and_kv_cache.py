@@ -153,9 +153,11 @@ print(f"bytes held for {ids.shape[1]} tokens in {keys.dtype}: {hf_bytes:,}  = {h
 # ### Exercise 0.1 · KV bytes per token
 #
 # Open `kvcourse/memory.py` and fill in `kv_bytes_per_token(config, dtype)`: the bytes of K **and** V
-# that one token occupies across all layers. Three helpers exist: `_num_layers(config)`,
-# `_kv_width(config)` (the elements of one key; it handles models with fewer K/V heads than query
-# heads) and `_bytes_per_element(dtype)`.
+# that one token occupies across all layers, for any model the course runs (GPT-2 and Llama-style
+# models such as SmolLM2, whose configs name their shapes differently). Two helpers exist:
+# `kv_cache_spec(config)` (in `kvcourse/models/spec.py`: `num_layers`, `num_heads`, `num_kv_heads`,
+# `head_dim`, whatever the config calls them) and `_bytes_per_element(dtype)`. The tests try GPT-2 and
+# grouped-query models, where counting the hidden size instead of the KV heads comes out too large.
 
 # %%
 check("0.1")
