@@ -204,7 +204,7 @@ for name in GPT2_SIZES:
 # Engines care because every one of these changes the *shape* of the cache they allocate and the
 # attention kernel that reads it: vLLM sizes its blocks from the model's KV heads and head size, and the
 # course's cache (notebook 05) stores `num_kv_heads` heads, not `num_heads`. `kv_bytes_per_token` counts
-# `_kv_width(config) = kv_heads × head_dim`, so it is right for all of them but MLA.
+# `kv_heads × head_dim` (from `kv_cache_spec(config)`), so it is right for all of them but MLA.
 #
 # The course's real model is **SmolLM2-135M-Instruct** (a Llama: 30 layers, 9 query heads, 3 KV heads
 # of 64 numbers). **Predict** before the next cell: how many times less KV cache per token does it need
