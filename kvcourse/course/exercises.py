@@ -254,7 +254,7 @@ _EXERCISES = [
         module="attention",
         minutes=40,
         hint="One program per (sequence, query head): loop over the block table, keep a running max and sum (online softmax).",
-        approach="seq, head = tl.program_id(0), tl.program_id(1); kv_head = head // QUERIES_PER_KV. Load the query row [BLOCK_D] (mask d < HEAD_DIM) as float32; keep m = -inf, l = 0.0, acc = zeros. For each of the ceil(seq_len / BLOCK_SIZE) blocks: its id from the table, keys and values [BLOCK_T, BLOCK_D] of kv_head (mask tokens past BLOCK_SIZE or seq_len), scores = sum(q * k) * scale (-inf where masked); m_new = max(m, max(scores)), alpha = exp(m - m_new), p = exp(scores - m_new), l = l * alpha + sum(p), acc = acc * alpha + sum(p * v). Store acc / l in out's dtype.",
+        approach="Each program takes one query row and reads KV head head // QUERIES_PER_KV. Keep three running values in float32: the largest score so far (start at minus infinity), the sum of exponentials (0.0) and the weighted sum of values. For each of the sequence's ceil(seq_len / BLOCK_SIZE) blocks, load its keys and values with masks for lanes past BLOCK_SIZE, seq_len and HEAD_DIM, score them (masked lanes at minus infinity), rescale the old sum and accumulator by exp(old max - new max), then add this block's exp(score - new max) terms. Finally divide the accumulator by the sum and store it in out's dtype.",
     ),
     Exercise(
         id="5.5",
