@@ -90,6 +90,7 @@ print(
 
 # %%
 import torch
+
 from kvcourse.models.registry import chat_prompt, load_model
 
 smollm2, smol_tokenizer = load_model("smollm2")
@@ -152,9 +153,11 @@ print(f"bytes held for {ids.shape[1]} tokens in {keys.dtype}: {hf_bytes:,}  = {h
 # ### Exercise 0.1 · KV bytes per token
 #
 # Open `kvcourse/memory.py` and fill in `kv_bytes_per_token(config, dtype)`: the bytes of K **and** V
-# that one token occupies across all layers. Three helpers exist: `_num_layers(config)`,
-# `_kv_width(config)` (the elements of one key; it handles models with fewer K/V heads than query
-# heads) and `_bytes_per_element(dtype)`.
+# that one token occupies across all layers, for any model the course runs (GPT-2 and Llama-style
+# models such as SmolLM2, whose configs name their shapes differently). Two helpers exist:
+# `kv_cache_spec(config)` (in `kvcourse/models/spec.py`: `num_layers`, `num_heads`, `num_kv_heads`,
+# `head_dim`, whatever the config calls them) and `_bytes_per_element(dtype)`. The tests try GPT-2 and
+# grouped-query models, where counting the hidden size instead of the KV heads comes out too large.
 
 # %%
 check("0.1")
@@ -201,7 +204,7 @@ for name in GPT2_SIZES:
 # Engines care because every one of these changes the *shape* of the cache they allocate and the
 # attention kernel that reads it: vLLM sizes its blocks from the model's KV heads and head size, and the
 # course's cache (notebook 05) stores `num_kv_heads` heads, not `num_heads`. `kv_bytes_per_token` counts
-# `_kv_width(config) = kv_heads × head_dim`, so it is right for all of them but MLA.
+# `kv_heads × head_dim` (from `kv_cache_spec(config)`), so it is right for all of them but MLA.
 #
 # The course's real model is **SmolLM2-135M-Instruct** (a Llama: 30 layers, 9 query heads, 3 KV heads
 # of 64 numbers). **Predict** before the next cell: how many times less KV cache per token does it need
@@ -211,8 +214,9 @@ for name in GPT2_SIZES:
 answer("0.c", None)
 
 # %%
-from kvcourse.models.smollm2 import smollm2_dir
 from transformers import AutoConfig
+
+from kvcourse.models.smollm2 import smollm2_dir
 
 smol = AutoConfig.from_pretrained(smollm2_dir())
 head_dim = smol.hidden_size // smol.num_attention_heads

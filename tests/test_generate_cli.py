@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -93,3 +94,24 @@ def test_smollm2_names_paris_with_hugging_faces_tokens(capsys):
     ids = registry.chat_prompt(tokenizer, [{"role": "user", "content": QUESTION}])
     assert printed["token_ids"] == hf_generate(model, ids, 16)
     assert "Paris" in printed["text"]
+
+
+def test_a_fresh_clone_answers_through_the_reference_and_says_so(tmp_path, monkeypatch, capsys):
+    """The user's first minute: stubs in kvcourse/ mean the reference engine answers, with one line saying so."""
+    from kvcourse.course import generate as command
+    from kvcourse.course import solutions_switch
+
+    (tmp_path / "kvcourse").mkdir()
+    for name in command.ENGINE_MODULES:
+        written = name != "scheduler"
+        body = "x = 1\n" if written else f'raise NotImplementedError("Exercise 2.1: {command.STUB_MARK}{name}.py")\n'
+        (tmp_path / "kvcourse" / f"{name}.py").write_text(body)
+    monkeypatch.setattr(solutions_switch, "SOLUTIONS_DIR", tmp_path / "solutions")
+    monkeypatch.delenv("KVCOURSE_SOLUTIONS", raising=False)
+    assert command.unwritten_engine_exercises() == ["scheduler"]
+    command.choose_engine(mine=True)
+    assert "KVCOURSE_SOLUTIONS" not in os.environ, "--mine must run the learner's engine, stubs or not"
+    command.choose_engine(mine=False)
+    assert os.environ.get("KVCOURSE_SOLUTIONS") == "1", "with a stub left, the reference engine must answer"
+    err = capsys.readouterr().err
+    assert "stubs are left in kvcourse/scheduler.py:" in err and "reference engine" in err and "--mine" in err, err

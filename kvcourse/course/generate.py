@@ -4,8 +4,9 @@
     python -m kvcourse generate --model gpt2 --max-new-tokens 20 "The capital of France is"
     python -m kvcourse generate --json "Name three primary colors."          # {"text": ..., "token_ids": [...]}
 
-Greedy decoding, through LLMEngine (your scheduler, KV-cache manager and attention; KVCOURSE_SOLUTIONS=1
-runs the reference ones). An instruct model (SmolLM2) gets the prompt through its chat template and stops
+Greedy decoding, through LLMEngine: your scheduler, KV-cache manager, attention and runner once you have
+written them; until then (a fresh clone) the reference ones in solutions/, saying so in one line on stderr
+(`--mine` insists on yours; KVCOURSE_SOLUTIONS=1 always runs the reference). An instruct model (SmolLM2) gets the prompt through its chat template and stops
 at its end-of-turn token, exactly as Hugging Face's `model.generate(ids, do_sample=False)` would: the
 `--json` token ids are the generated ones, that end-of-turn token included when it was reached.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,8 @@ from kvcourse.models.registry import DEFAULT_MODEL, chat_prompt, is_instruct, lo
 
 BLOCK_SIZE = 16
 DEFAULT_MAX_NEW_TOKENS = 64
+ENGINE_MODULES = ("step", "scheduler", "kv_cache", "attention", "model_runner")  # what LLMEngine runs of yours
+STUB_MARK = "not written yet: edit kvcourse/"  # the sentence every stub's NotImplementedError carries
 
 
 @dataclass
@@ -34,6 +38,28 @@ class Generation:
     text: str
     block_ids: list[int]
     block_size: int
+
+
+def unwritten_engine_exercises() -> list[str]:
+    """The engine's exercise modules (kvcourse/*.py) that still hold a stub, read as text (nothing imported)."""
+    from kvcourse.course.solutions_switch import SOLUTIONS_DIR
+
+    package = SOLUTIONS_DIR.parent / "kvcourse"
+    return [name for name in ENGINE_MODULES if STUB_MARK in (package / f"{name}.py").read_text(encoding="utf-8")]
+
+
+def choose_engine(mine: bool) -> None:
+    """Run the learner's engine once it is written; before that, the reference, said on stderr (--mine: theirs)."""
+    from kvcourse.course.solutions_switch import solutions_enabled
+
+    unwritten = [] if mine or solutions_enabled() else unwritten_engine_exercises()
+    if unwritten:
+        os.environ["KVCOURSE_SOLUTIONS"] = "1"  # read when the exercise modules are first imported, just below
+        print(
+            f"(exercise stubs are left in kvcourse/{', kvcourse/'.join(f'{m}.py' for m in unwritten)}: this answer "
+            "comes from the reference engine in solutions/; --mine runs yours)",
+            file=sys.stderr,
+        )
 
 
 def prompt_ids(name: str, tokenizer: Any, prompt: str) -> list[int]:
@@ -85,6 +111,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default=DEFAULT_MODEL, choices=model_names(), help=f"default {DEFAULT_MODEL}")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="at most this many tokens")
     parser.add_argument("--json", action="store_true", help='print {"text": ..., "token_ids": [...]} only')
+    parser.add_argument("--mine", action="store_true", help="run your engine even while some exercises are stubs")
     return parser.parse_args(argv)
 
 
@@ -94,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_new_tokens < 1:
         print("kvcourse generate: --max-new-tokens must be 1 or more.", file=sys.stderr)
         return 2
+    choose_engine(args.mine)
     try:
         model, tokenizer = load_model(args.model)
         result = generate(model, tokenizer, prompt_ids(args.model, tokenizer, args.prompt), args.max_new_tokens)

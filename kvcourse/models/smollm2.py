@@ -16,6 +16,7 @@ clone and worktree of the course on a machine shares one conversion.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,20 @@ def missing_message(folder: Path) -> str:
     return f"SmolLM2-135M-Instruct is not converted yet (no complete folder at {folder}): {SETUP_HINT}."
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """No "Loading weights" progress bar in a notebook's stored output or a command's stderr while loading."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_smollm2(folder: Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) of the converted SmolLM2-135M-Instruct, float32, eval mode; offline, about a second."""
     import torch
@@ -185,8 +200,9 @@ def load_smollm2(folder: Path | None = None) -> tuple[Any, Any]:
     folder = folder or smollm2_dir()
     if not is_converted(folder):
         raise ModelNotAvailable(missing_message(folder))
-    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with quiet_loading():
+        model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model.is_pretrained = True
     return model.eval(), tokenizer
 
