@@ -150,3 +150,11 @@ def test_smollm2_answers_a_chat_through_the_engine():
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert "Paris" in reply.choices[0].message.content and reply.choices[0].finish_reason == "stop"
     assert text == reply.choices[0].message.content
+
+
+def test_the_server_serves_smollm2_unless_told_otherwise():
+    from kvcourse.serve.__main__ import parse_args
+
+    assert parse_args([]).model == "smollm2" and parse_args(["--model", "tiny"]).model == "tiny"
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "llama-70b"])

