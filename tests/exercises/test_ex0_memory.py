@@ -68,6 +68,7 @@ def test_grouped_query_attention_stores_fewer_heads():
 def test_multi_query_attention_caches_one_head():
     config = LlamaConfig(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=1)
     got = kv_bytes_per_token(config, torch.float32)
+    assert type(got) is int, f"kv_bytes_per_token should return a plain int, not {type(got).__name__}"
     assert got == 2 * 4 * 1 * 32 * 4, "multi-query attention caches ONE KV head per layer, whatever the query heads"
 
 
@@ -76,6 +77,7 @@ def test_head_size_comes_from_the_config_not_the_hidden_size():
     # Some models set head_dim independently: 4 heads of 32 on a hidden size of 96 (not 96 // 4 = 24).
     config = LlamaConfig(num_hidden_layers=3, hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
     got = kv_bytes_per_token(config, torch.bfloat16)
+    assert type(got) is int, f"kv_bytes_per_token should return a plain int, not {type(got).__name__}"
     assert got == 2 * 3 * 2 * 32 * 2, "use the config's head size (spec.head_dim), not hidden_size // heads"
 
 
