@@ -230,7 +230,7 @@ _EXERCISES = [
         module="attention",
         minutes=10,
         hint="A slot number names one token's place across all blocks: what shape makes the cache indexable by it?",
-        approach="slot = block_id * block_size + offset: view each cache as [num_blocks * block_size, H, D] and assign the keys and values at those rows, in place, in the cache's dtype.",
+        approach="slot = block_id * block_size + offset: view each cache as [num_blocks * block_size, KVH, D] and assign the keys and values at those rows, in place, in the cache's dtype.",
     ),
     Exercise(
         id="5.2",
@@ -238,7 +238,7 @@ _EXERCISES = [
         module="attention",
         minutes=20,
         hint="Read the sequence back in logical order first; then it is ordinary attention for one query.",
-        approach="gather_kv: index the cache with the first ceil(seq_len / block_size) ids of the row, flatten the blocks into tokens, keep seq_len. Attention: per sequence, scores = q.k * scale per head, softmax over the keys, weighted sum of values, in float32.",
+        approach="gather_kv: index the cache with the first ceil(seq_len / block_size) ids of the row, flatten the blocks into tokens, keep seq_len. Attention: per sequence, give each query head its KV head (h // (H // KVH): repeat_interleave the gathered keys and values over the heads), then scores = q.k * scale per head, softmax over the keys, weighted sum of values, in float32.",
     ),
     Exercise(
         id="5.3",
@@ -246,15 +246,15 @@ _EXERCISES = [
         module="attention",
         minutes=20,
         hint="A chunk is the sequence's LAST L tokens: where does query i sit, and which keys may it see?",
-        approach="Query i sits at position seq_len - L + i and may see keys at positions 0 .. that position: mask later keys with -inf before the softmax, in float32.",
+        approach="Query i sits at position seq_len - L + i and may see keys at positions 0 .. that position: mask later keys with -inf before the softmax, in float32. Query head h reads KV head h // (H // KVH), as in 5.2.",
     ),
     Exercise(
         id="5.4",
         title="Triton paged decode kernel",
         module="attention",
         minutes=40,
-        hint="One program per (sequence, head): loop over the block table, keep a running max and sum (online softmax).",
-        approach="One program per (sequence, head): loop over the block table, keep a running max and sum (online softmax).",
+        hint="One program per (sequence, query head): loop over the block table, keep a running max and sum (online softmax).",
+        approach="Each program takes one query row and reads KV head head // QUERIES_PER_KV. Keep three running values in float32: the largest score so far (start at minus infinity), the sum of exponentials (0.0) and the weighted sum of values. For each of the sequence's ceil(seq_len / BLOCK_SIZE) blocks, load its keys and values with masks for lanes past BLOCK_SIZE, seq_len and HEAD_DIM, score them (masked lanes at minus infinity), rescale the old sum and accumulator by exp(old max - new max), then add this block's exp(score - new max) terms. Finally divide the accumulator by the sum and store it in out's dtype.",
     ),
     Exercise(
         id="5.5",
