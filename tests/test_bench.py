@@ -95,7 +95,7 @@ def test_throughput_on_smollm2_agrees_with_hugging_face() -> None:
 
     if not is_converted():
         pytest.skip(f"SmolLM2-135M-Instruct is not converted on this machine ({smollm2_dir()}): run ./course setup")
-    small = {"num_requests": 3, "prompt_median": 8, "output_median": 4, "max_len": 32, "rounds": 1}
+    small = {"num_requests": 2, "prompt_median": 6, "output_median": 3, "max_len": 16, "rounds": 1}
     result = throughput.run(quick=True, sweep=False, model="smollm2", overrides=small)
     assert result["model"] == "smollm2" and result["pretrained"]
     assert result["agreement_with_hf_continuous"] == dict.fromkeys(result["agreement_with_hf_continuous"], 1.0)

@@ -48,7 +48,9 @@ def tiny():
 def test_json_ids_are_hugging_faces_greedy_on_the_raw_prompt(tiny, capsys):
     model, tokenizer = tiny
     assert kvcourse_main(["generate", "--model", "tiny", "--json", "--max-new-tokens", "7", QUESTION]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    assert "seeded random weights" in captured.err, "gibberish is announced, on stderr (stdout stays JSON)"
     assert printed["token_ids"] == hf_generate(model, tokenizer.encode(QUESTION), 7)
     assert printed["text"] == tokenizer.decode(printed["token_ids"])
 

@@ -124,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     choose_engine(args.mine)
     try:
         model, tokenizer = load_model(args.model)
+        if not getattr(model, "is_pretrained", True):
+            print(
+                f"kvcourse generate: {args.model} has seeded random weights here (no pretrained copy on this machine "
+                "and no Hub): the text is gibberish, the engine's work is real.",
+                file=sys.stderr,
+            )
         result = generate(model, tokenizer, prompt_ids(args.model, tokenizer, args.prompt), args.max_new_tokens)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kvcourse generate: {exc}", file=sys.stderr)
