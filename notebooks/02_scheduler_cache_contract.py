@@ -38,7 +38,7 @@
 # After each exercise, run its `check(...)` cell. Stuck? `hint("2.1")` nudges, `hint("2.1", level=2)`
 # gives the approach in words, and `solution("2.1")` shows the reference.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -214,7 +214,7 @@ answer("2.a", None)
 # Here is its arithmetic:
 
 
-# %%
+# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
 def lesson_blocks_to_allocate(held_blocks, tokens_processed, num_tokens_to_alloc, block_size):
     """The source lesson's mock: room left in the last block, guessed from tokens_processed."""
     current_tokens = held_blocks * block_size
@@ -530,7 +530,7 @@ def steady_stream(scheduler_class, arrival_steps=150):
 # %%
 answer("2.b", None)
 
-# %%
+# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
 done, trace = steady_stream(SkipAheadScheduler)
 small_done = sum(len(step.finished) for step in trace.steps if step.iteration < done)
 print(f"skip-ahead: the 40-token request finished in step {done} of {len(trace.steps)};")
@@ -699,7 +699,7 @@ check("2.8")
 # %%
 answer("2.c", None)
 
-# %%
+# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
 scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=MockKVCacheManager(**TIGHT_CACHE))
 requests = tight_workload()
 for request in requests:

@@ -24,7 +24,7 @@
 # `hint("3.1")` gives a nudge, `hint("3.1", level=2)` the approach in words, and `solution("3.1")` the
 # reference code if you are stuck.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -248,7 +248,7 @@ check("3.2")
 # %%
 answer("3.a", None)
 
-# %%
+# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
 manager = KVCacheManager(num_blocks=6, block_size=4)
 request = Request(id=0, prompt_tokens=list(range(10)), max_new_tokens=6)
 new = manager.allocate_slots(request, 10)  # prefill: ceil(10 / 4) = 3 blocks
@@ -405,8 +405,7 @@ BlockTableWidget(big_snapshots, step=busiest, interval_ms=300)
 # %%
 answer("3.b", None)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% jupyter={"outputs_hidden": true} tags=["nbval-ignore-output", "hide-output"]
 import contextlib
 import io
 

@@ -26,7 +26,7 @@
 # `--reference` on the command line): it then runs in a separate process, and this kernel's modules and
 # environment stay as they are. (The stored outputs were made with `KVCOURSE_SOLUTIONS=1`.)
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -119,7 +119,7 @@ answer("6.c", None)
 # %% [markdown]
 # Now the study.
 
-# %%
+# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
 mem = memory.run(quick=True)  # 300 requests, seed 0: the same numbers on every machine
 memory.print_table(mem, show_device=False)
 
@@ -187,13 +187,11 @@ print(
 # mostly how much padding and per-step overhead each engine carries. Serving's real gains (bigger
 # batches in the same memory, at GPU speed) need a GPU: see section 5.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 tp = throughput.run(quick=True)
 throughput.print_table(tp)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 throughput.plot(tp)
 plt.show()
 
@@ -207,8 +205,7 @@ plt.show()
 # pass (attention apart), attention in every layer, and sampling. The study keeps those timings for
 # each kvcourse system's best round; `other` is what the step loop costs besides.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 throughput.print_breakdown(tp)
 throughput.plot_breakdown(tp)
 plt.show()
@@ -224,8 +221,7 @@ plt.show()
 # `time / bound` in the table above is each kvcourse system's wall time over it: 1.0 would be at the
 # machine's limit, and no engine, ours or anyone's, can go below it on this machine.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 throughput.print_roofline(tp)
 throughput.plot_roofline(tp)
 plt.show()
@@ -290,13 +286,11 @@ plt.show()
 # * `triton`: our Triton kernel, which reads blocks in place through the block table (CUDA only: on a
 #   CPU, Triton's interpreter would time Python, not memory).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 kern = kernel.run(quick=True)
 kernel.print_table(kern)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 kernel.plot(kern)
 plt.show()
 
@@ -326,8 +320,7 @@ throughput.plot_sweep(tp, right)
 fig.tight_layout()
 plt.show()
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 for size, tps in tp["block_size_sweep"]["tokens_per_s"].items():
     print(f"block size {size:>3}: {tps:,.1f} output tokens/s (kvcourse, reference attention)")
 

@@ -52,6 +52,13 @@ QUICK_CAPACITIES = (10**4, 10**5, 10**6, 3 * 10**6, 10**7, 5 * 10**7, 10**8, 10*
 EVICTION_CAPACITIES = (10**6, 3 * 10**6, 10**7)  # where the policies differ (larger caches hold almost everything)
 PAPER_CACHE_RATIO = {"conversation": 0.40, "synthetic": 0.66}  # the paper's Table 2 ("about 40%", 66%)
 CLOSE = 0.9  # "close to the maximum": at least 90% of it
+# Hit rates are stored with 6 digits: rounded to 4 first, 0.04255 printed as 4.2% where the notebook,
+# printing the exact rate, says 4.3% (issue 39: README and notebook 04 disagreed by that tenth).
+RATE_DIGITS = 6
+# What vLLM 0.33.0 gives the model executor of one GPU: CacheConfig.gpu_memory_utilization's default
+# (vllm/config/cache.py:215, "default=0.92"; scripts/check_vllm.py checks it in the wheel). Notebook 04's
+# "one GPU's worth" of KV cache is this share of the memory less the weights.
+VLLM_GPU_MEMORY_UTILIZATION = 0.92
 HIT_DEFINITION = (
     "prefix-hit tokens over prompt tokens, request order only: 512 tokens per full block found in the cache at "
     "admission (never the block of a prompt's last token), LRU eviction (a request's tail before its head)"
@@ -165,8 +172,8 @@ def study_trace(name: str, capacities: Sequence[int]) -> dict:
         "requests": len(trace),
         "prompt_tokens": maximum.prompt_tokens,
         "distinct_blocks": maximum.num_blocks,
-        "max_hit_rate": round(maximum.hit_rate, 4),
-        "hit_rate": {str(capacity): round(rate, 4) for capacity, rate in rates.items()},
+        "max_hit_rate": round(maximum.hit_rate, RATE_DIGITS),
+        "hit_rate": {str(capacity): round(rate, RATE_DIGITS) for capacity, rate in rates.items()},
         "paper": paper_statements(rates, maximum.hit_rate),
         "paper_cache_ratio": PAPER_CACHE_RATIO.get(name),
         "replays": len(replays),
@@ -185,7 +192,7 @@ def eviction_study(name: str, capacities: Sequence[int]) -> dict:
     rates: dict[str, dict[str, float]] = {}
     for policy, pool_class in POLICIES.items():
         runs = [replay(trace, requests, capacity_blocks(c), pool_class=pool_class) for c in capacities]
-        rates[policy] = {str(c): round(r.hit_rate, 4) for c, r in zip(capacities, runs)}
+        rates[policy] = {str(c): round(r.hit_rate, RATE_DIGITS) for c, r in zip(capacities, runs)}
     return {"trace": name, "hit_rate": rates}
 
 
