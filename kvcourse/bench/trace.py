@@ -55,9 +55,9 @@ CLOSE = 0.9  # "close to the maximum": at least 90% of it
 # Hit rates are stored with 6 digits: rounded to 4 first, 0.04255 printed as 4.2% where the notebook,
 # printing the exact rate, says 4.3% (issue 39: README and notebook 04 disagreed by that tenth).
 RATE_DIGITS = 6
-# What vLLM 0.33.0 gives the model executor of one GPU: CacheConfig.gpu_memory_utilization's default
-# (vllm/config/cache.py:215, "default=0.92"; scripts/check_vllm.py checks it in the wheel). Notebook 04's
-# "one GPU's worth" of KV cache is this share of the memory less the weights.
+# What vLLM 0.33.0 gives the model executor of one GPU: the default of CacheConfig.gpu_memory_utilization
+# (scripts/check_vllm.py finds "default=0.92" in the wheel: notebooks/data/vllm_checked.json; a test reads both).
+# Notebook 04's "one GPU's worth" of KV cache is this share of the memory less the weights.
 VLLM_GPU_MEMORY_UTILIZATION = 0.92
 HIT_DEFINITION = (
     "prefix-hit tokens over prompt tokens, request order only: 512 tokens per full block found in the cache at "
