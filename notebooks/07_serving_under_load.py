@@ -63,6 +63,8 @@ if IN_COLAB:
 # %autoreload 2
 
 # %%
+import warnings
+
 import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, hint, solution, toy  # noqa: F401  (hint, solution: for you)
@@ -399,7 +401,9 @@ check("7.5")
 manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
 first = Request(0, list(range(1, 14)), 2)
 manager.allocate_slots(first, first.num_tokens)
-print("while R0 holds its blocks:", manager.reset_prefix_cache(), "|", manager.reset_refusal)
+with warnings.catch_warnings():  # the refusal also warns (for a script); here its reason is printed
+    warnings.simplefilter("ignore", UserWarning)
+    print("while R0 holds its blocks:", manager.reset_prefix_cache(), "|", manager.reset_refusal)
 manager.free(first)
 probe = Request(1, list(range(1, 14)), 2)
 print(f"after R0 ends: the same prompt finds {manager.get_computed_blocks(probe)[1]} cached tokens")

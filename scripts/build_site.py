@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from widget_frames import FRAMES_KEY, WIDGET_STATE, WIDGET_VIEW, decode_frames  # noqa: E402
 
-from kvcourse.course.colab import REPOSITORY  # noqa: E402
+from kvcourse.course.colab import PLACEHOLDER_REPOSITORY, REPOSITORY  # noqa: E402
 
 BOOK = ROOT / "book"
 OUT = ROOT / "build" / "site"
@@ -286,6 +286,18 @@ def build(out: Path = OUT, stage_dir: Path = STAGE, doctrees: Path = DOCTREES, j
     return out / "index.html"
 
 
+def placeholder_warning(repository: str = REPOSITORY) -> str | None:
+    """Say so (stderr) while the repository the site links to is the placeholder; the warning, or None."""
+    if repository.rstrip("/") != PLACEHOLDER_REPOSITORY:
+        return None
+    warning = (
+        f"course book: WARNING: the Colab, Binder and repository links point at the placeholder {repository}: "
+        "set REPOSITORY in kvcourse/course/colab.py to the course's public repository (README, 'Open in Colab')."
+    )
+    print(warning, file=sys.stderr)
+    return warning
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -297,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     out = args.out.resolve()
+    placeholder_warning()
     try:
         index = build(out, stage_dir=out.with_name(f"{out.name}-src"), doctrees=out.with_name(f"{out.name}-doctrees"))
     except SiteError as error:

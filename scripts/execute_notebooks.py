@@ -53,6 +53,7 @@ def execute(source: Path) -> Path:
     """Execute one notebook's source with the reference solutions and store it, outputs included."""
     os.environ["KVCOURSE_SOLUTIONS"] = "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["KVCOURSE_PROGRESS"] = "0"  # no tqdm bars in the stored outputs (the site and nbval show them raw)
     notebook = jupytext.read(source)
     notebook.metadata["kernelspec"] = KERNELSPEC
     collector = nbformat.v4.new_code_cell(_COLLECT_FRAMES)
