@@ -380,7 +380,7 @@ for path in gpu_files:
 # | `paged_cache.py` · `PagedKVCache` (one K and one V tensor per layer) | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner.initialize_kv_cache` |
 # | `attention.py` · `write_to_cache` | `vllm/_custom_ops.py` · `reshape_and_cache_flash` (a CUDA kernel) |
 # | `attention.py` · `paged_decode_attention`, `triton_paged_decode_attention` | `vllm/v1/attention/backends/triton_attn.py` · `TritonAttentionImpl`, calling `vllm/v1/attention/ops/triton_unified_attention.py` · `unified_attention` |
-# | `engine.py` · `LLMEngine` (`generate`, `step`) | `vllm/v1/engine/llm_engine.py` · `LLMEngine`; the step loop is `vllm/v1/engine/core.py` · `EngineCore.step` |
+# | `kvcourse/engine/llm_engine.py` · `LLMEngine` (`generate`, `step`) | `vllm/v1/engine/llm_engine.py` · `LLMEngine`; the step loop is `vllm/v1/engine/core.py` · `EngineCore.step` |
 #
 # The teaching tools (`kvcourse/toy/`, `kvcourse/viz/widgets.py`, the mock manager) have no counterpart. A good order
 # to read them in: `vllm/v1/request.py`, then `vllm/v1/core/kv_cache_utils.py` and

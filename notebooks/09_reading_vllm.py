@@ -21,7 +21,7 @@
 # | you built (notebook · `kvcourse/`) | open in vLLM |
 # |---|---|
 # | the request (02) · `request.py` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
-# | the engine's step (01) · `step.py`, `engine.py` | `vllm/v1/engine/core.py` · `EngineCore.step` |
+# | the engine's step (01) · `step.py`, `kvcourse/engine/llm_engine.py` | `vllm/v1/engine/core.py` · `EngineCore.step` |
 # | the scheduler (02, 07) · `scheduler.py` | `vllm/v1/core/sched/scheduler.py` · `Scheduler` |
 # | the step's plan (02) | `vllm/v1/core/sched/output.py` · `SchedulerOutput` |
 # | the free-block queue (03) · `kv_cache.py` | `vllm/v1/core/kv_cache_utils.py` · `FreeKVCacheBlockQueue`, `KVCacheBlock` |
