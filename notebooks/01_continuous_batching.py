@@ -106,6 +106,7 @@ print(inspect.getsource(toy.BlindStallFreeScheduler.schedule_next_batch))
 # the first chunk of a newcomer.
 
 # %%
+# Figure: One iteration's batch for a budget of 32 tokens: three decodes, the rest of a chunked prompt and a newcomer's first chunk.
 diagrams.iteration_batch()
 
 # %% [markdown]
@@ -127,6 +128,7 @@ diagrams.iteration_batch()
 # of notebook 08.
 
 # %%
+# Figure: The engine's step loop: schedule, execute, update; a failing phase fails only the requests it touched.
 diagrams.engine_step_loop()
 
 # %% [markdown]
@@ -184,6 +186,7 @@ print("outputs equal to generating each request alone:", same)
 # keep decoding (chunked prefill).
 
 # %%
+# Figure: Timeline of the toy run: each row a request, prefill and decode iterations, a tick where it finished.
 viz.plot_timeline(trace)
 plt.tight_layout()
 plt.show()
@@ -213,6 +216,7 @@ for step in trace.steps[:70:6]:
     print(f"iteration {step.iteration:>3}  {viz.memory_meter(step.resident_tokens, CAPACITY_TOKENS)}")
 
 # %%
+# Figure: KV tokens the plan holds at each iteration, against the cache's capacity.
 viz.plot_memory(trace, CAPACITY_TOKENS)
 plt.tight_layout()
 plt.show()

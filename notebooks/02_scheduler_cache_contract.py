@@ -111,6 +111,7 @@ from kvcourse.viz import diagrams
 # Each step, three parties talk:
 
 # %%
+# Figure: The three parties of a step: the scheduler plans, the KV-cache manager allocates, the executor runs the plan.
 diagrams.scheduler_cache_executor()
 
 # %% [markdown]
@@ -143,6 +144,7 @@ print(
 print(KVCacheBlocks([7, 1, 4]), "->", KVCacheBlocks([7, 1, 4]).get_block_ids())
 
 # %%
+# Figure: A block table: a request's tokens in blocks 7, 1 and 4 of a pool of 10; token p in block table[p // 4], slot p % 4.
 diagrams.block_table([7, 1, 4], num_tokens=10, block_size=4, pool=10)
 
 # %% [markdown]
@@ -531,6 +533,7 @@ def steady_stream(scheduler_class, arrival_steps=150):
 answer("2.b", None)
 
 # %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# Figure: Skip-ahead scheduling: a stream of small requests keeps every block busy and the 40-token request waits.
 done, trace = steady_stream(SkipAheadScheduler)
 small_done = sum(len(step.finished) for step in trace.steps if step.iteration < done)
 print(f"skip-ahead: the 40-token request finished in step {done} of {len(trace.steps)};")
@@ -716,6 +719,7 @@ print(
 )
 
 # %%
+# Figure: Tight memory with preemption: the timeline (x: preempted, then recomputed) and the blocks in use at each step.
 fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.2), height_ratios=[1.3, 1])
 viz.plot_timeline(trace, ax=top, title="Tight memory with preemption (x: preempted, then recomputed)")
 viz.plot_memory(trace, capacity_tokens=12 * 8, ax=bottom, title="KV memory in use never exceeds the cache")

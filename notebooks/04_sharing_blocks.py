@@ -85,6 +85,7 @@ from kvcourse.viz.widgets import BlockTableWidget, Recorder, record_run, snapsho
 #   first** (copy-on-write, section 6).
 
 # %%
+# Figure: Two requests' block tables sharing the blocks of their common prompt prefix; each has its own last blocks.
 diagrams.block_tables(
     [("request A", [0, 1, 2]), ("request B", [0, 1, 3, 4])],
     6,
@@ -117,6 +118,7 @@ diagrams.block_tables(
 # > its key is the tokens alone.
 
 # %%
+# Figure: The hash chain: each full block's hash covers its parent's hash and its own tokens, so it names the whole prefix.
 diagrams.hash_chain()
 
 # %% [markdown]
@@ -285,6 +287,7 @@ check("4.3")
 # its head: the head (say, a system prompt everyone shares) survives longest.
 
 # %%
+# Figure: Eviction order of the free queue: the longest-free blocks first, and a finished request's tail before its head.
 diagrams.eviction_order()
 
 # %% [markdown]
@@ -342,6 +345,7 @@ check("4.4")
 # forward pass. The last holder left writes in place: nobody else reads the block any more.
 
 # %%
+# Figure: Copy-on-write: a shared block is copied before a holder writes into it; the last holder writes in place.
 diagrams.copy_on_write()
 
 # %% [markdown]
@@ -571,6 +575,7 @@ for num_new_tokens in lengths:
     print(f"{num_new_tokens:>10} {shared:>7} {separate:>9} {savings[-1]:>6.1%}  {shared_out == separate_out}")
 
 # %%
+# Figure: Memory saved by sharing the prompt across parallel samples, against the tokens each sample generates.
 fig, ax = plt.subplots(figsize=(6, 3.2))
 ax.plot(lengths, [100 * s for s in savings], "o-", label="fork + copy-on-write (this notebook)")
 ax.axhspan(16.2, 30.5, color="#e15759", alpha=0.2, label="vLLM paper, parallel sampling (ShareGPT)")
@@ -705,6 +710,7 @@ for label, config, parameters in [("GPT-2 small", GPT2Config(), 124e6), ("8B mod
     )
 
 # %%
+# Figure: Prefix hit rate on the Mooncake traces against cache capacity in tokens, with one 80 GB GPU's worth marked.
 fig, ax = plt.subplots(figsize=(8, 4))
 plot_hit_rate_curve(curves, maxima, PAPER_CACHE_RATIO, marks={"3M": 3 * 10**6, "50M": 5 * 10**7, **gpu_tokens}, ax=ax)
 fig.tight_layout()

@@ -124,6 +124,7 @@ mem = memory.run(quick=True)  # 300 requests, seed 0: the same numbers on every 
 memory.print_table(mem, show_device=False)
 
 # %%
+# Figure: Share of reserved KV memory holding token states for each allocation scheme (the memory study).
 memory.plot_breakdown(mem)
 plt.show()
 
@@ -192,6 +193,7 @@ tp = throughput.run(quick=True)
 throughput.print_table(tp)
 
 # %% tags=["nbval-ignore-output"]
+# Figure: Throughput of each system in the quick study, in output tokens per second.
 throughput.plot(tp)
 plt.show()
 
@@ -206,6 +208,7 @@ plt.show()
 # each kvcourse system's best round; `other` is what the step loop costs besides.
 
 # %% tags=["nbval-ignore-output"]
+# Figure: Where kvcourse's step time goes: schedule, prepare, forward pass, attention, sample, update, other.
 throughput.print_breakdown(tp)
 throughput.plot_breakdown(tp)
 plt.show()
@@ -222,6 +225,7 @@ plt.show()
 # machine's limit, and no engine, ours or anyone's, can go below it on this machine.
 
 # %% tags=["nbval-ignore-output"]
+# Figure: Each kvcourse system's time against the machine's roofline bound for the same work (1.0 would be at the limit).
 throughput.print_roofline(tp)
 throughput.plot_roofline(tp)
 plt.show()
@@ -239,6 +243,7 @@ plt.show()
 # versions it ran with).
 
 # %%
+# Figure: The stored full study (GPT-2 small): time against the roofline bound, per system.
 full = json.loads((Path("data") / "cpu_throughput.json").read_text())
 print(f"{full['date']}, " + ", ".join(f"{k} {v}" for k, v in full["versions"].items()))
 throughput.print_table(full)
@@ -291,6 +296,7 @@ kern = kernel.run(quick=True)
 kernel.print_table(kern)
 
 # %% tags=["nbval-ignore-output"]
+# Figure: Attention kernels' effective bandwidth against context length, next to the measured copy bandwidth.
 kernel.plot(kern)
 plt.show()
 
@@ -312,6 +318,7 @@ plt.show()
 # to read for that half.)
 
 # %%
+# Figure: Block size: the share of memory holding tokens (left) and throughput (right) for blocks of 1 to 128 tokens.
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
 memory.plot_block_sizes(mem, left)
 for size in sorted(int(s.split("-")[1]) for s in mem["utilization"] if s.startswith("paged-")):

@@ -119,6 +119,7 @@ print(
 )
 
 # %%
+# Figure: Latency distributions (TTFT, TPOT, ITL) of 64 requests arriving at 4 per second.
 serving.plot_latency_distributions(times, "64 requests at 4 per second")
 plt.show()
 
@@ -134,6 +135,7 @@ plt.show()
 # coming, and TTFT climbs steeply. The knee is the highest rate whose p99 TTFT still meets the SLO.
 
 # %%
+# Figure: The latency-throughput knee: p99 TTFT against the arrival rate, with the SLO.
 sweep = serving.rate_sweep((1, 2, 4, 6, 8, 12, 16, 24), 64)
 print(" rate  tok/s  goodput  TTFT p50   p99   TPOT p50   p99")
 for row in sweep:
@@ -163,6 +165,7 @@ plt.show()
 answer("7.a", None)
 
 # %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# Figure: The token budget's trade-off: TTFT against inter-token latency as the budget grows from 32 to 512 tokens per step.
 budgets = serving.budget_sweep((32, 64, 128, 256, 512), rate=busy / 2, num_requests=64)  # half the knee rate
 print("budget  TTFT p50   p99   TPOT p99   ITL p99")
 for row in budgets:

@@ -238,6 +238,7 @@ print(f"free blocks after: {state['num_free_blocks']} of {state['num_blocks']}; 
 BlockTableWidget(snapshots, step=min(10, len(snapshots) - 1), interval_ms=300)
 
 # %% tags=["nbval-ignore-output"]
+# Figure: Continuous batching through the server: the running set, step by step, as clients come and go.
 fig, ax = plt.subplots(figsize=(8, 2.8))
 ax.stackplot(
     range(1, len(running_sizes) + 1),
@@ -548,6 +549,7 @@ for clients in (1, 4, 16, 64):
     print(f"{clients:>3} clients: {format_summary(sweep[clients])}")
 
 # %% tags=["nbval-ignore-output"]
+# Figure: Load test over HTTP: throughput (left) and TTFT and TPOT (right) against the number of concurrent clients.
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
 xs = list(sweep)
 ax1.plot(xs, [sweep[c]["tokens_per_s"] for c in xs], "o-")

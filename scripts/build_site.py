@@ -187,12 +187,30 @@ def notebook_title(notebook: nbformat.NotebookNode, path: Path) -> str:
     raise SiteError(f"{path.name} has no '# title' heading in a markdown cell: the page needs a title.")
 
 
+FIGURE_CAPTION = re.compile(r"^# Figure: (.+)$", re.MULTILINE)
+IMAGE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
+
+
+def caption_figures(notebook: nbformat.NotebookNode) -> int:
+    """A cell's `# Figure: ...` line becomes its figure's caption and its image's alt text; how many."""
+    captioned = 0
+    for cell in notebook.cells:
+        match = FIGURE_CAPTION.search(cell.source) if cell.cell_type == "code" else None
+        if not match or not any(t in o.get("data", {}) for o in cell.get("outputs", []) for t in IMAGE_TYPES):
+            continue
+        caption = match.group(1).strip()
+        cell.metadata["mystnb"] = {"figure": {"caption": caption}, "image": {"alt": caption}}
+        captioned += 1
+    return captioned
+
+
 def stage_notebook(path: Path, target: Path) -> str:
     """Copy one notebook into the staging folder with its widgets drawn; return its title."""
     notebook = nbformat.read(path, as_version=4)
     title = notebook_title(notebook, path)
     try:
         render_widgets(notebook)
+        caption_figures(notebook)
     except (ValueError, KeyError, zlib.error) as error:
         raise SiteError(
             f"{path.name}: a block-table widget's stored frames cannot be read ({error!r}); "

@@ -87,3 +87,31 @@ def test_stored_kernelspec_is_the_installed_one() -> None:
         assert stored.display_name == installed, (
             f"{ipynb.name} stores kernel display name {stored.display_name!r}, the installed one is {installed!r}"
         )
+
+
+IMAGE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
+# What a learner should never read in a stored output: progress bars, logger lines, warnings with the kernel's paths.
+NOISE = re.compile(r"\d+/\d+ \[[\d:<]+|it/s\]|s/it\]| - WARNING - |Warning: |/tmp/ipykernel_")
+
+
+@pytest.mark.parametrize("ipynb", IPYNBS, ids=lambda p: p.stem)
+def test_every_figure_has_a_caption(ipynb: Path) -> None:
+    """A `# Figure: ...` line: the site's caption and alt text (scripts/build_site.py), a reader's summary here."""
+    for cell in nbformat.read(ipynb, as_version=4).cells:
+        if cell.cell_type == "code" and any(t in o.get("data", {}) for o in cell.outputs for t in IMAGE_TYPES):
+            assert re.search(r"^# Figure: \S", cell.source, re.MULTILINE), (
+                f"{ipynb.name}: the cell drawing a figure needs a '# Figure: what it shows' line:\n{cell.source[:200]}"
+            )
+
+
+@pytest.mark.parametrize("ipynb", IPYNBS, ids=lambda p: p.stem)
+def test_stored_outputs_hold_no_progress_bars_logger_lines_or_warnings(ipynb: Path) -> None:
+    """scripts/execute_notebooks.py runs with KVCOURSE_PROGRESS=0 and the sources silence what they emit."""
+    noisy = [
+        o["text"][:120]
+        for c in nbformat.read(ipynb, as_version=4).cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.get("output_type") == "stream" and NOISE.search(o.get("text", ""))
+    ]
+    assert not noisy, f"{ipynb.name} stores output a learner should not read: {noisy[:3]}"
