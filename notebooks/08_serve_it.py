@@ -104,7 +104,13 @@ server = ServerThread(app).start()
 engine = server.engine_loop.engine  # in-process, so we may also look at the engine object itself
 client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)
 print("serving", [m.id for m in client.models.list().data], "on 127.0.0.1, port chosen by the OS")
-print("health:", {k: v for k, v in httpx.get(server.url + "/health").json().items() if k != "running_ids"})
+health = httpx.get(server.url + "/health").json()  # what GET /health answers (a load balancer polls it)
+print(
+    f"health: {health['status']}; requests running {health['num_running']}, waiting {health['num_waiting']}; "
+    f"KV blocks free {health['num_free_blocks']} of {health['num_blocks']} ({health['block_size']} tokens each, "
+    f"{health['kv_cache_usage']:.0%} in use); preemptions {health['num_preemptions']}, engine steps {health['steps']}; "
+    f"engine loop alive: {health['loop_alive']}, last error: {health['last_error']}"
+)
 
 # %% [markdown]
 # ## 2. One client, one request
@@ -446,7 +452,8 @@ print(f"greedy:      {greedy_text!r}")
 print(f"stop={stop!r}: {cut.text!r}  finish_reason={cut.finish_reason}")
 lp = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, logprobs=2).choices[0].logprobs
 for token, chosen, top, offset in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
-    print(f"offset {offset:>2} {token!r:<14} logprob {chosen:7.3f}   top 2: {top}")
+    alternatives = ", ".join(f"{t!r} {v:.3f}" for t, v in top.items())  # the 2 likeliest tokens and their logprobs
+    print(f"offset {offset:>2} {token!r:<14} logprob {chosen:7.3f}   top 2: {alternatives}")
 print(f"log-likelihood of the 4 tokens (the sum): {sum(lp.token_logprobs):.3f}")
 
 # %% [markdown]

@@ -98,3 +98,40 @@ def test_one_gpu_memory_utilization_everywhere() -> None:
     assert f"{VLLM_GPU_MEMORY_UTILIZATION:.0%} of the memory" in prose
     code = "".join(c.source for c in nbformat.read(NOTEBOOK_04, as_version=4).cells if c.cell_type == "code")
     assert "VLLM_GPU_MEMORY_UTILIZATION * gpu_bytes" in code and "0.9 * gpu_bytes" not in code
+
+
+THROUGHPUT = json.loads((ROOT / "notebooks" / "data" / "cpu_throughput.json").read_text())
+
+
+def _throughput_quotes(study: dict) -> list[str]:
+    """The phrases the README's GPT-2 small throughput row and notebook 06 quote from the stored study."""
+    rate, ratio = study["tokens_per_s"], study["ratio_to_hf_static"]
+    parts = study["step_breakdown"]["kvcourse"]["fractions"]
+    sweep = study["block_size_sweep"]["tokens_per_s"]
+    bound = study["roofline"]["bound"]["kvcourse"]["seconds"]
+    return [
+        f"HF static batches {rate['hf_static']:.1f} tok/s",
+        f"HF continuous batching {rate['hf_continuous']:.1f} ({ratio['hf_continuous']:.2f}×)",
+        f"**kvcourse {rate['kvcourse']:.1f} ({ratio['kvcourse']:.2f}×; {rate['kvcourse'] / rate['hf_continuous']:.2f}× HF continuous)**",
+        f"with the reference attention {rate['kvcourse_ref_attention']:.1f} ({ratio['kvcourse_ref_attention']:.2f}×)",
+        f"with the model's own (unpacked) linear layers {rate['kvcourse_model_weights']:.1f}",
+        f"Where kvcourse's {study['seconds']['kvcourse']:.2f} s went",
+        f"forward pass without attention {parts['forward']:.1%}, attention {parts['attention']:.1%}",
+        "Block sizes 8/16/32/64: " + "/".join(f"{sweep[b]:.1f}" for b in ("8", "16", "32", "64")) + " tok/s",
+        f"{study['seconds']['kvcourse']:.2f} s against {bound:.2f} s",
+    ]
+
+
+def test_readme_throughput_row_quotes_the_stored_study() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    missing = [q for q in _throughput_quotes(THROUGHPUT) if q not in readme]
+    assert not missing, f"README.md does not say what notebooks/data/cpu_throughput.json holds: {missing}"
+
+
+def test_notebook_06_quotes_the_stored_study() -> None:
+    seconds = THROUGHPUT["seconds"]["kvcourse"]
+    ratio = seconds / THROUGHPUT["roofline"]["bound"]["kvcourse"]["seconds"]
+    prose = _markdown(ROOT / "notebooks" / "06_measuring_the_payoff.ipynb")
+    assert f"now {seconds:.2f} s, **{ratio:.2f}x**" in prose, (
+        f"notebook 06 should say 'now {seconds:.2f} s, {ratio:.2f}x'"
+    )
