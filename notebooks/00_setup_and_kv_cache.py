@@ -118,7 +118,7 @@ from kvcourse import answer, check
 
 answer("0.a", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 import torch
 
 ids = torch.tensor([tokenizer.encode(LESSON_PROMPTS[0])])
@@ -180,7 +180,7 @@ check("0.2")
 # %%
 answer("0.b", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 GiB = 2**30
 budget = 40 * GiB  # say, an 80 GB GPU with half left for the KV cache after weights and activations
 print(f"sequences that fit in {budget // GiB} GiB of fp16 KV cache, each reserving its whole length:")

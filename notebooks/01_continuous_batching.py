@@ -175,7 +175,7 @@ answer("1.a", None)
 # slicing prompts into chunks and interleaving requests changes nothing, because every token is
 # computed from the full context in the cache.
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 same = all(r.output_tokens == toy.toy_generate(r.prompt_tokens, r.max_new_tokens) for r in requests)
 print("outputs equal to generating each request alone:", same)
 
@@ -209,7 +209,7 @@ answer("1.b", None)
 # %% [markdown]
 # Here is what the plan needs at each iteration.
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 CAPACITY_TOKENS = 48 * 16
 
 for step in trace.steps[:70:6]:

@@ -216,7 +216,7 @@ answer("2.a", None)
 # Here is its arithmetic:
 
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def lesson_blocks_to_allocate(held_blocks, tokens_processed, num_tokens_to_alloc, block_size):
     """The source lesson's mock: room left in the last block, guessed from tokens_processed."""
     current_tokens = held_blocks * block_size
@@ -532,7 +532,7 @@ def steady_stream(scheduler_class, arrival_steps=150):
 # %%
 answer("2.b", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 # Figure: Skip-ahead scheduling: a stream of small requests keeps every block busy and the 40-token request waits.
 done, trace = steady_stream(SkipAheadScheduler)
 small_done = sum(len(step.finished) for step in trace.steps if step.iteration < done)
@@ -702,7 +702,7 @@ check("2.8")
 # %%
 answer("2.c", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=MockKVCacheManager(**TIGHT_CACHE))
 requests = tight_workload()
 for request in requests:

@@ -250,7 +250,7 @@ check("3.2")
 # %%
 answer("3.a", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 manager = KVCacheManager(num_blocks=6, block_size=4)
 request = Request(id=0, prompt_tokens=list(range(10)), max_new_tokens=6)
 new = manager.allocate_slots(request, 10)  # prefill: ceil(10 / 4) = 3 blocks
@@ -407,7 +407,7 @@ BlockTableWidget(big_snapshots, step=busiest, interval_ms=300)
 # %%
 answer("3.b", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["nbval-ignore-output", "hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["nbval-ignore-output", "hide-output"]
 # Figure: Allocator cost per block as the pool grows from a thousand to a million blocks: the paged pool against the baselines.
 import contextlib
 import io

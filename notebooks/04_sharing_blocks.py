@@ -223,7 +223,7 @@ check("4.2")
 # %%
 answer("4.a", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 manager = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
 a = Request(id=0, prompt_tokens=list(range(100, 118)), max_new_tokens=4)  # 18 tokens: 4 full blocks
 manager.allocate_slots(a, a.num_tokens)  # admitted: full blocks published
@@ -433,7 +433,7 @@ check("4.6")
 answer("4.b", None)
 
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def shared_prompt_workload(seed=0, num_requests=24, system_prompt_len=64):
     """Requests that all start with the same system prompt, then their own question."""
     rng = random.Random(seed)
@@ -537,7 +537,7 @@ BlockTableWidget(shared_snapshots, step=most_shared, interval_ms=400)
 answer("4.c", None)
 
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def sample_in_parallel(prompt, n, num_new_tokens, share, block_size=8):
     """n samples of one prompt, forked from one prefill or not; returns (blocks held, each sample's tokens)."""
     manager = KVCacheManager(num_blocks=1024, block_size=block_size)
@@ -666,7 +666,7 @@ for i, j in [(0, 1), (1, 2)]:
 # %%
 answer("4.d", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 from kvcourse.bench.trace import PAPER_CACHE_RATIO, hit_rate_curve, paper_statements
 
 CAPACITIES = (10**4, 10**5, 10**6, 3 * 10**6, 10**7, 3 * 10**7, 5 * 10**7, 10**8, 10**9)  # tokens
@@ -807,7 +807,7 @@ check("4.7")
 # %%
 answer("4.e", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 from kvcourse.eviction import POLICIES
 
 eviction_capacities = (10**6, 10**7)

@@ -95,7 +95,7 @@ from kvcourse import answer
 
 answer("5.a", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 # Figure: The paged KV cache from above: requests A, B and C's blocks scattered in a pool of 12 blocks of 4 tokens.
 block_size, num_blocks = 4, 12
 tables = {"A": [3, 8], "B": [0, 5, 10], "C": [6]}  # block tables, from the KV-cache manager
@@ -195,7 +195,7 @@ check("5.2")
 # %%
 answer("5.b", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 # Figure: Which keys each query of a 4-token chunk may see after a cached prefix of 6: the prefix fully, the chunk causally.
 seq_len, chunk = 10, 4
 query_pos = torch.arange(seq_len - chunk, seq_len)[:, None]

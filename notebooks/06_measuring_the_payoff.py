@@ -119,7 +119,7 @@ answer("6.c", None)
 # %% [markdown]
 # Now the study.
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 mem = memory.run(quick=True)  # 300 requests, seed 0: the same numbers on every machine
 memory.print_table(mem, show_device=False)
 

@@ -164,7 +164,7 @@ plt.show()
 # %%
 answer("7.a", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 # Figure: The token budget's trade-off: TTFT against inter-token latency as the budget grows from 32 to 512 tokens per step.
 budgets = serving.budget_sweep((32, 64, 128, 256, 512), rate=busy / 2, num_requests=64)  # half the knee rate
 print("budget  TTFT p50   p99   TPOT p99   ITL p99")
@@ -194,7 +194,7 @@ plt.show()
 # %%
 answer("7.b", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 tails = serving.admission_tails(rate=busy, num_requests=64)
 print("admission   long TTFT p50   p99   short TTFT p50   p99   tok/s")
 for name, row in tails.items():
@@ -304,7 +304,7 @@ check("7.3")
 # %%
 answer("7.c", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 h200 = PreemptionCosts(
     kv_bytes_per_token=36_864,
     link_bytes_per_s=64e9,
@@ -460,7 +460,7 @@ print("reset:", manager.reset_prefix_cache(), f"| now it finds {manager.get_comp
 # %%
 answer("7.d", None)
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 study = serving.trace_prefix_caching(num_requests=600)
 print(f"{study['truncated']} of {study['requests']} prompts cut at {serving.TRACE_MAX_BLOCKS} blocks")
 serving.print_trace_rows(study)

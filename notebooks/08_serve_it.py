@@ -196,7 +196,7 @@ answer("8.b", None)
 # %% [markdown]
 # Now the sixteen clients.
 
-# %% jupyter={"outputs_hidden": true} tags=["nbval-ignore-output", "hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["nbval-ignore-output", "hide-output"]
 prompts = [engine.tokenizer.encode(f"Request {i} asks the server for a story about block {i * 7}.") for i in range(16)]
 lengths = [12 + (7 * i) % 37 for i in range(16)]
 snapshots, running_sizes = [], []
@@ -279,7 +279,7 @@ answer("8.c", None)
 # %% [markdown]
 # The counters add up: the two single requests, the two-token SSE request and the sixteen clients.
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 values = parse_metrics(httpx.get(server.url + "/metrics").text)
 for name, labels in (
     ("vllm:num_requests_running", {}),
@@ -389,7 +389,7 @@ answer("8.f", None)
 # %% [markdown]
 # The request, streamed, with a snapshot of the cache taken while its four children run.
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 shared_prompt = list(range(1000, 1040))  # 40 tokens this server has never seen
 hits_before = metric(parse_metrics(httpx.get(server.url + "/metrics").text), "vllm:prefix_cache_hits_total")
 body = {"model": "tiny", "prompt": shared_prompt, "max_tokens": 20, "n": 4, "seed": 3, "stream": True}
@@ -472,7 +472,7 @@ answer("8.d", None)
 # %% [markdown]
 # Ten bad requests, that one among them:
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 for bad in (
     {"prompt": prompt, "temperature": -1},
     {"prompt": prompt, "max_tokens": 0},

@@ -168,7 +168,7 @@ answer("9.a", None)
 answer("9.b", None)
 
 
-# %% jupyter={"outputs_hidden": true} tags=["hide-output"]
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def stall_free_order(running, waiting, budget):
     """The course's step: every decode, then the oldest prefill's next chunk, then first chunks, FCFS."""
     plan, left = {}, budget

@@ -13,10 +13,16 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 IPYNBS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
-def _cells(notebook) -> list[tuple[str, str, list, dict]]:
+def _cells(notebook) -> list[tuple]:
     """(cell type, source, tags, jupyter metadata) of every cell: what a reader sees, outputs aside."""
     return [
-        (cell.cell_type, cell.source.strip(), cell.metadata.get("tags", []), cell.metadata.get("jupyter", {}))
+        (
+            cell.cell_type,
+            cell.source.strip(),
+            cell.metadata.get("tags", []),
+            cell.metadata.get("jupyter", {}),
+            cell.metadata.get("collapsed"),
+        )
         for cell in notebook.cells
     ]
 
@@ -65,7 +71,11 @@ def test_each_prediction_is_answered_in_a_collapsed_output(ipynb: Path) -> None:
             f"{ipynb.name}: the cell after {cell.source.strip().splitlines()[-1]} shows the answer: tag it "
             "hide-output (the site collapses it) and set jupyter.outputs_hidden (JupyterLab collapses it)"
         )
-        assert reveal.metadata.get("jupyter", {}).get("outputs_hidden") is True
+        # JupyterLab keeps `collapsed` and `jupyter.outputs_hidden` equal: one without the other marks it modified.
+        assert (
+            reveal.metadata.get("jupyter", {}).get("outputs_hidden") is True
+            and reveal.metadata.get("collapsed") is True
+        )
 
 
 @pytest.mark.parametrize("ipynb", IPYNBS, ids=lambda p: p.stem)
