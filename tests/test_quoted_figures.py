@@ -18,6 +18,7 @@ from kvcourse.bench.trace import VLLM_GPU_MEMORY_UTILIZATION
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_04 = ROOT / "notebooks" / "04_sharing_blocks.ipynb"
+NOTEBOOK_06 = ROOT / "notebooks" / "06_measuring_the_payoff.ipynb"
 
 
 def _figures_module():
@@ -135,3 +136,16 @@ def test_notebook_06_quotes_the_stored_study() -> None:
     assert f"now {seconds:.2f} s, **{ratio:.2f}x**" in prose, (
         f"notebook 06 should say 'now {seconds:.2f} s, {ratio:.2f}x'"
     )
+
+
+def test_readme_memory_row_quotes_notebook_06s_table() -> None:
+    """The memory study is deterministic: notebook 06 prints it (nbval checks the print), the README quotes it."""
+    table = dict(re.findall(r"^(max|pow2|oracle|paged-\d+)\s+([\d.]+)%", _stdout(NOTEBOOK_06), re.MULTILINE))
+    assert {"max", "pow2", "oracle", "paged-16"} <= set(table), f"notebook 06's memory table not found: {table}"
+    readme = (ROOT / "README.md").read_text()
+    quoted = (
+        f"max {table['max']}%, pow2 {table['pow2']}%, oracle {table['oracle']}%, paged-16 {table['paged-16']}%",
+        "Block size 1/8/32/64/128: " + "/".join(table[f"paged-{b}"] for b in (1, 8, 32, 64, 128)) + "%",
+    )
+    missing = [q for q in quoted if q not in readme]
+    assert not missing, f"README.md's memory row should say {missing} (notebook 06's stored memory study)"
