@@ -3,6 +3,7 @@
 python -m kvcourse grade [IDS] [--solutions] [--json]   grade your exercises (kvcourse/course/grade.py)
 python -m kvcourse stubs [--check | --force]            regenerate the stubs (kvcourse/course/stubs.py)
 python -m kvcourse reset ID                              put one exercise back to its stub (kvcourse/course/reset.py)
+python -m kvcourse generate [--model M] [--json] PROMPT  one answer through your engine (kvcourse/course/generate.py)
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"grade": "kvcourse.course.grade", "stubs": "kvcourse.course.stubs", "reset": "kvcourse.course.reset"}
+COMMANDS = {
+    "grade": "kvcourse.course.grade",
+    "stubs": "kvcourse.course.stubs",
+    "reset": "kvcourse.course.reset",
+    "generate": "kvcourse.course.generate",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

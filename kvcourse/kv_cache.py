@@ -1,17 +1,17 @@
 # kvcourse/kv_cache.py holds exercises 3.1-3.4, 4.1-4.6, 7.5: write only inside their TODO regions (the rest is given).
 """A paged KV-cache manager like vLLM v1's: free-block queue, block pool, manager (exercises 3.1-4.6, 7.5).
 
-The manager is what the scheduler talks to (kvcourse/core/contract.py); the given pieces are in kv_cache_utils.py.
+The manager is what the scheduler talks to (kvcourse/core/contract.py); the given pieces are in kvcourse/core/.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 
 from kvcourse.core import kv_cache_utils as utils
 from kvcourse.core.contract import KVCacheBlocks, blocks_needed, check_cache_shape, check_token_count  # noqa: F401
 from kvcourse.core.contract import MockKVCacheManager as MockKVCacheManager  # re-exported: the manager's double  # noqa: F401
+from kvcourse.core.kv_cache_base import BlockPoolBase, FreeBlockQueueBase, KVCacheManagerBase
 from kvcourse.core.kv_cache_utils import HASH_FUNCTION, BlockHash, KVCacheBlock, PrefixCacheStats  # noqa: F401
 from kvcourse.core.request import Request
 
@@ -20,7 +20,7 @@ from kvcourse.core.request import Request
 # --------------------------------------------------------------------------------------------
 
 
-class FreeKVCacheBlockQueue:
+class FreeKVCacheBlockQueue(FreeBlockQueueBase):
     """The free blocks in eviction order, as a doubly linked list between two sentinel blocks."""
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -66,26 +66,18 @@ class FreeKVCacheBlockQueue:
             "Exercise 3.1 (A doubly linked free-block queue): not written yet: edit kvcourse/kv_cache.py, FreeKVCacheBlockQueue.remove."
         )
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """Every free block, front (evicted first) to back: for debugging, tests and the widget."""
-        blocks, block = [], self.fake_head.next_free_block
-        while block is not self.fake_tail:
-            blocks.append(block)
-            block = block.next_free_block
-        return blocks
-
-    def __len__(self) -> int:
-        """len(queue) reads like a list's, in O(1) (a counter, not a walk)."""
-        return self.num_free_blocks
-
 
 # --------------------------------------------------------------------------------------------
 # The block pool (exercises 3.2, 4.3, 4.4)
 # --------------------------------------------------------------------------------------------
 
 
-class BlockPool:
-    """Owns every block: hands them out, takes them back, and remembers which ones hold cached prefixes."""
+class BlockPool(BlockPoolBase):
+    """Owns every block: hands them out, takes them back, and remembers which ones hold cached prefixes.
+
+    Given in BlockPoolBase (kvcourse/core/kv_cache_base.py): get_num_free_blocks, usage,
+    evict_free_cached_blocks, get_num_cached_blocks.
+    """
 
     def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
         check_cache_shape(num_blocks, block_size=1)
@@ -94,15 +86,6 @@ class BlockPool:
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
-
-    def get_num_free_blocks(self) -> int:
-        """Blocks no request holds (cached-free ones included: they can be reused at any time)."""
-        return self.free_block_queue.num_free_blocks
-
-    @property
-    def usage(self) -> float:
-        """Fraction of all blocks held by at least one request."""
-        return 1.0 - self.get_num_free_blocks() / self.num_blocks
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Hand out free blocks from the front of the queue, each with one holder."""
@@ -178,16 +161,6 @@ class BlockPool:
             "Exercise 4.4 (Free and LRU eviction): not written yet: edit kvcourse/kv_cache.py, BlockPool._maybe_evict_cached_block."
         )
 
-    def evict_free_cached_blocks(self) -> None:
-        """Unpublish every cached block nobody holds (after a failed step: their K/V may never have been written)."""
-        for block in self.blocks:
-            if block.ref_cnt == 0:
-                self._maybe_evict_cached_block(block)
-
-    def get_num_cached_blocks(self) -> int:
-        """Blocks currently published in the prefix cache (held or free)."""
-        return len(self.cached_block_hash_to_block)
-
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (new weights, a cold-start benchmark), but only while no block is held."""
         # Exercise 7.5: reset the prefix cache (vLLM's BlockPool.reset_prefix_cache).
@@ -232,8 +205,13 @@ def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[Block
 # --------------------------------------------------------------------------------------------
 
 
-class KVCacheManager:
-    """Block tables for the scheduler: exact, all-or-nothing allocation over a shared block pool."""
+class KVCacheManager(KVCacheManagerBase):
+    """Block tables for the scheduler: exact, all-or-nothing allocation over a shared block pool.
+
+    Given in KVCacheManagerBase (kvcourse/core/kv_cache_base.py): get_num_free_blocks, usage,
+    get_block_ids, get_blocks, _check_allocation, _record_admission, reset_prefix_cache,
+    reset_prefix_cache_stats, forget_unwritten_blocks.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         check_cache_shape(num_blocks, block_size)
@@ -250,23 +228,6 @@ class KVCacheManager:
         self.reset_refusal: str | None = None  # why the latest reset_prefix_cache() said no
 
     # ---- what the scheduler reads ----
-
-    def get_num_free_blocks(self) -> int:
-        """Blocks that could be handed out right now."""
-        return self.block_pool.get_num_free_blocks()
-
-    @property
-    def usage(self) -> float:
-        """Fraction of all blocks held by at least one request."""
-        return self.block_pool.usage
-
-    def get_block_ids(self, request: Request) -> list[int]:
-        """The request's block table, logical order ([] for an unknown or freed request)."""
-        return [block.block_id for block in self.req_to_blocks.get(request.id, [])]
-
-    def get_blocks(self, request: Request) -> KVCacheBlocks:
-        """The request's blocks themselves (ref counts, hashes), for the widget and the tests."""
-        return KVCacheBlocks(self.req_to_blocks.get(request.id, []))
 
     def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
         """Whether `allocate_slots(request, num_new_tokens)` would succeed now (changes nothing)."""
@@ -318,15 +279,6 @@ class KVCacheManager:
         raise NotImplementedError(
             "Exercise 3.3 (allocate_slots: all or nothing): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._num_new_blocks."
         )
-
-    def _check_allocation(self, request: Request, *args: object) -> list[KVCacheBlock]:
-        """Reject impossible arguments before anything changes (kv_cache_utils); return the prefix hits as a list."""
-        return utils.check_allocation(request, self.req_to_blocks.get(request.id, []), self.block_size, *args)
-
-    def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
-        """Count an admission's tokens and hits, for the hit-rate plot (only while caching is on)."""
-        if self.enable_prefix_caching:
-            self.prefix_cache_stats.record_admission(request, num_hit_tokens)
 
     # ---- freeing ----
 
@@ -389,22 +341,6 @@ class KVCacheManager:
             "Exercise 4.2 (Hash once, publish once): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._cache_full_blocks."
         )
 
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached-free block's prefix (vLLM's name); refused with a warning while any block is held."""
-        held = self.num_blocks - self.get_num_free_blocks()
-        if not self.block_pool.reset_prefix_cache():
-            self.reset_refusal = utils.reset_refusal(held, self.num_blocks)
-            warnings.warn(self.reset_refusal, stacklevel=2)
-            return False
-        self.reset_refusal = None
-        self.prefix_cache_stats = PrefixCacheStats()  # hit rates start again from a cold cache
-        return True
-
-    def reset_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Return the counts so far and start new ones (one plot point per workload)."""
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
-
     # ---- parallel sampling: fork and copy-on-write ----
 
     def fork(self, parent: Request, child: Request) -> None:
@@ -447,11 +383,6 @@ class KVCacheManager:
             "Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager._copy_on_write."
         )
 
-    def forget_unwritten_blocks(self) -> None:
-        """After a failed step: unpublish the blocks nobody holds and drop its planned copies (they never ran)."""
-        self.block_pool.evict_free_cached_blocks()
-        self.pending_copies = []
-
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies to run before the next forward pass; the list is then cleared."""
         # Exercise 4.5 (contract): return the copies reported since the last call, oldest first, and
@@ -459,12 +390,4 @@ class KVCacheManager:
         # TODO: Exercise 4.5: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 4.5 (Fork and copy-on-write): not written yet: edit kvcourse/kv_cache.py, KVCacheManager.take_pending_copies."
-        )
-
-    def __repr__(self) -> str:
-        """The numbers to glance at in a notebook: size, free blocks, requests, caching."""
-        return (
-            f"KVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"free={self.get_num_free_blocks()}, requests={len(self.req_to_blocks)}, "
-            f"prefix_caching={self.enable_prefix_caching})"
         )

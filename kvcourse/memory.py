@@ -5,18 +5,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _kv_width(config) -> int:
-    """Elements per token per layer for K (or V): heads that store K/V times the head size."""
-    hidden = getattr(config, "hidden_size", None) or config.n_embd
-    heads = getattr(config, "num_attention_heads", None) or config.n_head
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return kv_heads * (hidden // heads)
-
-
-def _num_layers(config) -> int:
-    """Transformer layers, whichever name the config uses (GPT-2: n_layer)."""
-    return getattr(config, "num_hidden_layers", None) or config.n_layer
+from kvcourse.models.spec import kv_cache_spec  # noqa: F401
 
 
 def _bytes_per_element(dtype: torch.dtype) -> int:
@@ -25,11 +14,13 @@ def _bytes_per_element(dtype: torch.dtype) -> int:
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """Bytes of K and V one token occupies across all layers (GPT-2 small, fp16: 36,864)."""
-    # Exercise 0.1 (contract): return the bytes that ONE token's keys and values occupy in the cache,
-    # over all _num_layers(config) layers, for a model whose key (and value) vector per layer has
-    # _kv_width(config) elements (it already accounts for grouped-query attention), each number
-    # _bytes_per_element(dtype) bytes.
+    """Bytes of K and V one token occupies across all layers (fp16: GPT-2 small 36,864; SmolLM2-135M 23,040)."""
+    # Exercise 0.1 (contract): return the bytes that ONE token's keys and values occupy in the cache.
+    # spec = kv_cache_spec(config) reads any model's shapes (GPT-2 or Llama): spec.num_layers,
+    # spec.num_heads (query heads), spec.num_kv_heads and spec.head_dim. In each of the layers the
+    # cache keeps one key and one value vector of spec.head_dim numbers for each KV head -- not for
+    # every query head: under grouped-query attention (Llama, SmolLM2) several query heads share one
+    # KV head, so the hidden size overstates the cache. Each number takes _bytes_per_element(dtype) bytes.
     # TODO: Exercise 0.1: write your code here, then delete the raise below.
     raise NotImplementedError(
         "Exercise 0.1 (KV bytes per token): not written yet: edit kvcourse/memory.py, kv_bytes_per_token."

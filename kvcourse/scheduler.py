@@ -4,16 +4,16 @@
 Policy lives here (who runs, who is preempted or rejected); mechanism in the KV-cache manager, reached
 only through `KVCacheManagerProtocol` (kvcourse/core/contract.py). `schedule_next_batch()` (vLLM's
 `Scheduler.schedule()`) plans decodes, then one prefill in progress, then admissions, each only once
-`allocate_slots` has succeeded, into a `SchedulerOutput`; then it applies the plan once. Knobs: scheduler_config.py.
+`allocate_slots` has succeeded, into a `SchedulerOutput`; then it applies the plan once. Knobs: kvcourse/core/scheduler_config.py.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 
 from kvcourse.core.contract import KVCacheManagerProtocol, blocks_needed, check_implements  # noqa: F401
-from kvcourse.core.request import Request, RequestStatus, check_new_request
+from kvcourse.core.request import Request, RequestStatus
+from kvcourse.core.sched_base import SchedulerBase
 from kvcourse.core.sched_output import ScheduledSequence, SchedulerOutput
 from kvcourse.core.scheduler_config import PreemptionCosts, check_knobs, positive_int
 
@@ -50,8 +50,12 @@ def swap_crossover(costs: PreemptionCosts, max_tokens: int) -> int | None:
     )
 
 
-class StallFreeScheduler:
-    """Continuous batching with chunked prefill that never schedules a token it has no KV memory for."""
+class StallFreeScheduler(SchedulerBase):
+    """Continuous batching with chunked prefill that never schedules a token it has no KV memory for.
+
+    Given in SchedulerBase (kvcourse/core/sched_base.py): add_request, finish_requests,
+    has_unfinished_requests, _update_after_schedule (applies a plan), _take_waiting, watermark_blocks.
+    """
 
     def __init__(
         self,
@@ -82,33 +86,7 @@ class StallFreeScheduler:
         self._known_ids: set[int] = set()
         self._num_finished_reported = 0  # how much of self.finished earlier steps' outputs reported
 
-    @property
-    def watermark_blocks(self) -> int:
-        """Blocks that admission keeps free for the running decodes (as vLLM v1 and v0: int(watermark * num_blocks))."""
-        return int(self.watermark * self.kv_cache_manager.num_blocks)
-
-    @property
-    def num_free_cpu_blocks(self) -> int:
-        """Room left in the swap space."""
-        return self.num_cpu_blocks - sum(self._swapped.values())
-
     # ----------------------------------------------------------------------------- requests in
-    def add_request(self, request: Request) -> None:
-        """Queue a request, or settle it at once if it can never run (rejected) or needs nothing (finished)."""
-        check_new_request(request, self._known_ids)  # refused in words here, before anything is queued
-        self._known_ids.add(request.id)
-        if self._reject_if_never_fits(request):
-            return
-        if request.is_complete():  # max_new_tokens == 0: nothing to generate, nothing to run
-            request.status = RequestStatus.FINISHED
-            self.finished.append(request)
-            return
-        request.status = RequestStatus.WAITING
-        if self.policy == "priority":
-            self._insert_by_priority(request)
-        else:
-            self.waiting_queue.append(request)
-
     def _insert_by_priority(self, request: Request) -> None:
         """Keep the waiting queue ordered by (priority, arrival_time): the most urgent at the head."""
         # Exercise 7.1 (the queue): priority scheduling.
@@ -263,15 +241,6 @@ class StallFreeScheduler:
             "Exercise 2.1 (Describe a chunk and plan it): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._new_sequence."
         )
 
-    def _update_after_schedule(self, output: SchedulerOutput) -> None:
-        """Apply the plan (vLLM's name): each planned request's tokens count as computed, once; blocks for the executor."""
-        manager = self.kv_cache_manager
-        for request_id, num_scheduled in output.num_scheduled_tokens.items():
-            request = self.active_pool[request_id]
-            request.num_computed_tokens += num_scheduled
-            output.block_ids[request_id] = manager.get_block_ids(request)
-        output.blocks_to_copy = manager.take_pending_copies()
-
     # ----------------------------------------------------------------------------- memory pressure
     def _preempt_victim(self, output: SchedulerOutput) -> Request:
         """Preempt by the policy, while planning: the victim leaves the plan; in swap mode its K/V goes to the CPU pool."""
@@ -421,28 +390,6 @@ class StallFreeScheduler:
         )
         self.finished.append(request)
 
-    def has_unfinished_requests(self) -> bool:
-        """Whether any request is still waiting or running (rejected and finished ones are settled)."""
-        return bool(self.waiting_queue) or bool(self.active_pool)
-
-    def finish_requests(
-        self, request_ids: int | Iterable[int], status: RequestStatus, reason: str | None = None
-    ) -> list[Request]:
-        """End waiting or running requests now (vLLM's name), blocks back at once; returns those it ended."""
-        if not status.is_finished() or status is RequestStatus.REJECTED:
-            raise ValueError(f"status is {status}; finish requests as FINISHED, ABORTED or FAILED.")
-        ended = []
-        for request_id in [request_ids] if isinstance(request_ids, int) else list(request_ids):
-            request = self._end_request(request_id, status, reason)
-            if request is None:
-                if request_id not in self._known_ids:
-                    raise ValueError(f"request {request_id!r} was never added to this scheduler.")
-                continue  # already finished, rejected, aborted or failed: nothing to do
-            self._swapped.pop(request.id, None)  # a swapped-out request also gives back its CPU blocks
-            self.finished.append(request)
-            ended.append(request)
-        return ended
-
     def _end_request(self, request_id: int, status: RequestStatus, reason: str | None) -> Request | None:
         """End one request now, wherever it is (abort): its memory back at once, everyone else untouched."""
         # Exercise 7.4: abort.
@@ -455,20 +402,4 @@ class StallFreeScheduler:
         # TODO: Exercise 7.4: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 7.4 (Abort: give everything back at once): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler._end_request."
-        )
-
-    def _take_waiting(self, request_id: int) -> Request | None:
-        """Remove a request from the waiting queue by id (None if it is not waiting)."""
-        for request in self.waiting_queue:
-            if request.id == request_id:
-                self.waiting_queue.remove(request)
-                return request
-        return None
-
-    def __repr__(self) -> str:
-        """Who is where, by id (no addresses, so traces are stable)."""
-        return (
-            f"StallFreeScheduler(running={list(self.active_pool)}, "
-            f"waiting={[r.id for r in self.waiting_queue]}, finished={len(self.finished)}, "
-            f"rejected={len(self.rejected)}, preemptions={self.num_preemptions})"
         )

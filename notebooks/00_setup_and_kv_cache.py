@@ -81,6 +81,24 @@ print(
 )
 
 # %% [markdown]
+# GPT-2 is the model the source lesson used, and a good one to count with; the course's *real* model
+# is a modern chat model, **SmolLM2-135M-Instruct** (a Llama, with grouped-query attention and RoPE:
+# section 3), which `./course setup` fetched from the package registry and converted once. Greedy, with
+# its chat template, it answers in plain English. Ask it something:
+
+# %%
+import torch
+
+from kvcourse.models.registry import chat_prompt, load_model
+
+smollm2, smol_tokenizer = load_model("smollm2")
+question = [{"role": "user", "content": "What is the capital of France?"}]
+prompt_ids = torch.tensor([chat_prompt(smol_tokenizer, question)])
+with torch.no_grad():
+    answer_ids = smollm2.generate(prompt_ids, max_new_tokens=24, do_sample=False)[0, prompt_ids.shape[1] :]
+print("SmolLM2:", smol_tokenizer.decode(answer_ids, skip_special_tokens=True))
+
+# %% [markdown]
 # The lesson this course grew from uses four prompts and guesses their lengths in comments
 # ("# 14 tokens"). Here are the real counts from GPT-2's tokenizer:
 
@@ -133,9 +151,11 @@ print(f"bytes held for {ids.shape[1]} tokens in {keys.dtype}: {hf_bytes:,}  = {h
 # ### Exercise 0.1 · KV bytes per token
 #
 # Open `kvcourse/memory.py` and fill in `kv_bytes_per_token(config, dtype)`: the bytes of K **and** V
-# that one token occupies across all layers. Three helpers exist: `_num_layers(config)`,
-# `_kv_width(config)` (the elements of one key; it handles models with fewer K/V heads than query
-# heads) and `_bytes_per_element(dtype)`.
+# that one token occupies across all layers, for any model the course runs (GPT-2 and Llama-style
+# models such as SmolLM2, whose configs name their shapes differently). Two helpers exist:
+# `kv_cache_spec(config)` (in `kvcourse/models/spec.py`: `num_layers`, `num_heads`, `num_kv_heads`,
+# `head_dim`, whatever the config calls them) and `_bytes_per_element(dtype)`. The tests try GPT-2 and
+# grouped-query models, where counting the hidden size instead of the KV heads comes out too large.
 
 # %%
 check("0.1")
@@ -163,6 +183,50 @@ for name in GPT2_SIZES:
     print(f"{name:<12} {config.n_layer:>6} {config.n_embd:>6} {fp16:>13,} {fp32:>13,} {fp16 * 1024 / 2**20:>14.1f} MiB")
 
 # %% [markdown]
+# ### Fewer KV heads: MQA, GQA and MLA
+#
+# GPT-2 gives every attention head its own keys and values (**multi-head attention**, MHA), so its KV
+# width equals its hidden size. Modern models store fewer, because the cache, not the weights, limits
+# how many requests a server runs at once:
+#
+# * **Multi-query attention** (MQA, Shazeer 2019): all query heads share ONE key head and one value head.
+#   The cache shrinks by the number of heads, at some cost in quality.
+# * **Grouped-query attention** (GQA, Ainslie et al. 2023): the query heads are split into groups and
+#   each group shares one KV head; query head `h` reads KV head `h // (heads / kv_heads)`. Llama 2/3,
+#   Mistral, Qwen and SmolLM2 use it: most of MQA's saving, most of MHA's quality.
+# * **Multi-head latent attention** (MLA, DeepSeek-V2): instead of per-head keys and values, each token
+#   stores one small compressed latent vector (plus a little for the rotary part) from which keys and
+#   values are re-expanded; the cache per token is smaller still, and the engine must cache a vector
+#   that is not a K/V pair at all.
+#
+# Engines care because every one of these changes the *shape* of the cache they allocate and the
+# attention kernel that reads it: vLLM sizes its blocks from the model's KV heads and head size, and the
+# course's cache (notebook 05) stores `num_kv_heads` heads, not `num_heads`. `kv_bytes_per_token` counts
+# `kv_heads × head_dim` (from `kv_cache_spec(config)`), so it is right for all of them but MLA.
+#
+# The course's real model is **SmolLM2-135M-Instruct** (a Llama: 30 layers, 9 query heads, 3 KV heads
+# of 64 numbers). **Predict** before the next cell: how many times less KV cache per token does it need
+# than it would with full multi-head attention (one KV head per query head)?
+
+# %%
+answer("0.c", None)
+
+# %%
+from transformers import AutoConfig
+
+from kvcourse.models.smollm2 import smollm2_dir
+
+smol = AutoConfig.from_pretrained(smollm2_dir())
+head_dim = smol.hidden_size // smol.num_attention_heads
+gqa = kv_bytes_per_token(smol, torch.bfloat16)
+mha = smol.num_hidden_layers * 2 * smol.num_attention_heads * head_dim * 2  # as if every head kept its own K/V
+print(
+    f"SmolLM2: {smol.num_hidden_layers} layers x 2 (K and V) x {smol.num_key_value_heads} KV heads x "
+    f"{head_dim} head dim x 2 bytes (bf16) = {gqa:,} bytes per token"
+)
+print(f"with one KV head per query head ({smol.num_attention_heads}): {mha:,} bytes per token, {mha // gqa}x as much")
+
+# %% [markdown]
 # ### Exercise 0.2 · How many sequences fit?
 #
 # A serving engine has a fixed KV budget: GPU memory minus the weights and the activations. Fill in
@@ -170,7 +234,7 @@ for name in GPT2_SIZES:
 # sequences of `seq_len` tokens fit in `memory_bytes` if each one reserves its full length up front
 # (which is what engines did before paging, and the waste the rest of the course removes).
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 check("0.2")
 
 # %% [markdown]

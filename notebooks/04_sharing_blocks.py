@@ -789,7 +789,8 @@ for label, gpu_replay in gpu_replays.items():
 #
 # * `RankedBlockPool._pop_victim()`: the free block the heap ranks first. A heap cannot delete from
 #   its middle, so its entries go **stale** (the block was revived by a hit, or freed again since); a
-#   stale entry is thrown away when it reaches the top, so each entry is looked at once;
+#   stale entry is thrown away when it reaches the top, so each entry is looked at once. The block
+#   stays in the free queue (get_new_blocks takes it out);
 # * `FIFOBlockPool.eviction_key`: the block published first goes first, however recently it was hit;
 # * `LFUBlockPool.eviction_key`: the block shared the fewest times goes first, LRU among equals.
 #

@@ -373,18 +373,18 @@ for path in gpu_files:
 #
 # | kvcourse (file · class or function) | vLLM v1 (file · class or function) |
 # |---|---|
-# | `request.py` · `Request`, `RequestStatus` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
-# | `contract.py` · `KVCacheBlocks` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheBlocks` |
-# | `contract.py` · `MockKVCacheManager` | none: a teaching double that only counts blocks |
-# | `kv_cache_utils.py` · `KVCacheBlock`; `kv_cache.py` · `FreeKVCacheBlockQueue` | `vllm/v1/core/kv_cache_utils.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` |
+# | `kvcourse/core/request.py` · `Request`, `RequestStatus` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
+# | `kvcourse/core/contract.py` · `KVCacheBlocks` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheBlocks` |
+# | `kvcourse/core/contract.py` · `MockKVCacheManager` | none: a teaching double that only counts blocks |
+# | `kvcourse/core/kv_cache_utils.py` · `KVCacheBlock`; `kv_cache.py` · `FreeKVCacheBlockQueue` | `vllm/v1/core/kv_cache_utils.py` · `KVCacheBlock`, `FreeKVCacheBlockQueue` |
 # | `kv_cache.py` · `hash_block_tokens` | `vllm/v1/core/kv_cache_utils.py` · `hash_block_tokens` |
 # | `kv_cache.py` · `BlockPool` | `vllm/v1/core/block_pool.py` · `BlockPool` |
 # | `kv_cache.py` · `KVCacheManager` | `vllm/v1/core/kv_cache_manager.py` · `KVCacheManager` |
-# | `kv_cache_utils.py` · `PrefixCacheStats` | `vllm/v1/metrics/stats.py` · `PrefixCacheStats` |
+# | `kvcourse/core/kv_cache_utils.py` · `PrefixCacheStats` | `vllm/v1/metrics/stats.py` · `PrefixCacheStats` |
 # | `scheduler.py` · `StallFreeScheduler` | `vllm/v1/core/sched/scheduler.py` · `Scheduler` |
-# | `sched_output.py` · `SchedulerOutput`, `ScheduledSequence` | `vllm/v1/core/sched/output.py` · `SchedulerOutput`, `NewRequestData`, `CachedRequestData` |
+# | `kvcourse/core/sched_output.py` · `SchedulerOutput`, `ScheduledSequence` | `vllm/v1/core/sched/output.py` · `SchedulerOutput`, `NewRequestData`, `CachedRequestData` |
 # | `model_runner.py` · `ModelRunner`, `prepare_inputs` | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner` (`prepare_inputs`, `execute_model`): Model Runner V2, the default; the older `vllm/v1/worker/gpu_model_runner.py` · `GPUModelRunner` is the fallback for features V2 lacks |
-# | `paged_cache.py` · `PagedKVCache` (one K and one V tensor per layer) | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner.initialize_kv_cache` |
+# | `kvcourse/worker/paged_cache.py` · `PagedKVCache` (one K and one V tensor per layer) | `vllm/v1/worker/gpu/model_runner.py` · `GPUModelRunner.initialize_kv_cache` |
 # | `attention.py` · `write_to_cache` | `vllm/_custom_ops.py` · `reshape_and_cache_flash` (a CUDA kernel) |
 # | `attention.py` · `paged_decode_attention`, `triton_paged_decode_attention` | `vllm/v1/attention/backends/triton_attn.py` · `TritonAttentionImpl`, calling `vllm/v1/attention/ops/triton_unified_attention.py` · `unified_attention` |
 # | `kvcourse/engine/llm_engine.py` · `LLMEngine` (`generate`, `step`) | `vllm/v1/engine/llm_engine.py` · `LLMEngine`; the step loop is `vllm/v1/engine/core.py` · `EngineCore.step` |

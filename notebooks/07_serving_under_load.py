@@ -252,8 +252,10 @@ for name, row in priorities.items():
 # one (1% by default); vLLM v1 has one too, `--watermark` (`SchedulerConfig.watermark` in
 # `vllm/config/scheduler.py`, a share of all blocks, 0 by default, so off), which
 # `vllm/v1/core/kv_cache_manager.py` · `KVCacheManager.allocate_slots` applies to waiting and preempted
-# requests, and only when some request is already scheduled. Write `_keeps_watermark` in
-# `kvcourse/scheduler.py`.
+# requests, and only when some request is already scheduled. The course's rule, in the contract's words:
+# the watermark holds only while some request is running; `_keeps_watermark` is also True when no
+# request is running (the watermark protects running decodes; with none there, refusing could leave the
+# request waiting forever). Write `_keeps_watermark` in `kvcourse/scheduler.py`.
 
 # %%
 check("7.2")

@@ -542,9 +542,10 @@ print(f"/health meanwhile: {len(waits)} calls, the slowest answered in {1000 * m
 # time per output token after that. It speaks only the OpenAI API, so it measures any server.
 #
 # Sweep how many clients arrive at once, sampling as real clients do (temperature 0.8, top-p 0.95, a
-# seed per request). With more clients, throughput rises while the batch fills; then requests queue,
-# and TTFT grows while TPOT barely moves — the latency-throughput knee of lesson 07, measured over HTTP
-# this time.
+# seed per request). While the batch is filling (fewer clients than the engine's `max_batch_size`),
+# throughput rises and each added request makes every step a little longer, so TPOT grows with it. Once
+# the batch is full, further clients queue: TTFT grows while TPOT barely moves — the latency-throughput
+# knee of lesson 07, measured over HTTP this time.
 
 # %% tags=["nbval-ignore-output"]
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 0}  # run_load gives request i the seed 0 + i

@@ -20,7 +20,7 @@
 #
 # | you built (notebook · `kvcourse/`) | open in vLLM |
 # |---|---|
-# | the request (02) · `request.py` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
+# | the request (02) · `kvcourse/core/request.py` | `vllm/v1/request.py` · `Request`, `RequestStatus` |
 # | the engine's step (01) · `step.py`, `kvcourse/engine/llm_engine.py` | `vllm/v1/engine/core.py` · `EngineCore.step` |
 # | the scheduler (02, 07) · `scheduler.py` | `vllm/v1/core/sched/scheduler.py` · `Scheduler` |
 # | the step's plan (02) | `vllm/v1/core/sched/output.py` · `SchedulerOutput` |
@@ -128,8 +128,12 @@ from kvcourse import answer
 # inputs in the block, prompt embeddings, and the request's `cache_salt` on the first block, so that
 # tenants who pass different salts never share a prefix (isolation between users). The
 # lookup (`BlockPool.get_cached_block`) compares hashes only, where yours also compares tokens, and
-# `BlockHashToBlockMap` may hold several blocks under one hash (two requests that computed one prefix at
-# once both publish; block tables only ever grow at the end), where yours keeps one. With
+# `BlockHashToBlockMap` may hold several blocks under one hash, where yours keeps one. How duplicates
+# arise: two requests with the same prompt admitted in the same step both miss (neither has published
+# yet), so each computes its own copy of the prefix and both publish it. vLLM cannot then point the second
+# request at the first one's block: that would change an entry in the middle of its block table, and the
+# worker's persistent batch (section 13) only accepts tables that grow at their end. So both copies stay,
+# under one hash, until they are evicted. With
 # `enable_kv_cache_events`, the pool publishes every change (`vllm/distributed/kv_events.py` ·
 # `BlockStored`, `BlockRemoved`, `AllBlocksCleared`), so that a router in front of many servers can
 # send a request where its prefix is cached. Hit rates are counted in `vllm/v1/metrics/stats.py` ·
@@ -282,7 +286,8 @@ for title, (running, waiting, budget) in steps.items():
 # request state lives in fixed slots on the GPU (`vllm/v1/worker/gpu/states.py` · `RequestState`, and
 # `vllm/v1/worker/gpu/block_table.py` · `BlockTables`), and each step's `SchedulerOutput` carries only
 # what changed: new requests in full (`NewRequestData`), running ones as their new block ids and tokens
-# (`CachedRequestData`). That is why block tables must only grow at the end (section 6). The older
+# (`CachedRequestData`). So a block table may only grow at its end: the worker never hears of an entry
+# that changes in the middle (section 6 shows what that costs the prefix cache). The older
 # runner's version is `vllm/v1/worker/gpu_input_batch.py` · `InputBatch`.
 #
 # ## 14. Model Runner V2 and the attention backends (notebook 05)

@@ -238,8 +238,10 @@ LEARNER_MUTANTS = [
            "range(first_write // self.block_size, last)", "range(max(0, (first_write - 1) // self.block_size), last)"),
     # ---- 0.x memory arithmetic ----
     Mutant("0.1", "hard-codes two bytes per number (fp16)", "* _bytes_per_element(dtype)", "* 2"),
-    Mutant("0.1", "forgets the layers", "return 2 * _num_layers(config) * _kv_width(config)",
-           "return 2 * _kv_width(config)"),
+    Mutant("0.1", "forgets the layers", "return 2 * spec.num_layers * spec.num_kv_heads",
+           "return 2 * spec.num_kv_heads"),
+    Mutant("0.1", "takes the head size as hidden size over KV heads", "* spec.head_dim *",
+           "* (config.hidden_size // spec.num_kv_heads) *"),
     Mutant("0.1", "counts bits, not bytes", "* _bytes_per_element(dtype)", "* 8 * _bytes_per_element(dtype)"),
     Mutant("0.2", "true division: a float count", "return memory_bytes // (seq_len * bytes_per_token)",
            "return memory_bytes / (seq_len * bytes_per_token)"),
@@ -260,12 +262,17 @@ LEARNER_MUTANTS = [
            "    value_cache.transpose(0, 1).reshape(-1, *value_cache.shape[2:])[slots] = value.to(value_cache.dtype)"),
     # ---- 5.2 the reference decode attention ----
     Mutant("5.2", "no float32 upcast: scores, softmax and sum in the cache's dtype",
-           "        keys = gather_kv(key_cache, block_tables[b], seq_len).float()  # [S, H, D]\n"
-           "        values = gather_kv(value_cache, block_tables[b], seq_len).float()  # [S, H, D]\n"
+           "        keys = gather_kv(key_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)  # [S, H, D]\n"
+           "        values = gather_kv(value_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)\n"
            '        scores = torch.einsum("hd,shd->hs", query[b].float(), keys) * scale',
-           "        keys = gather_kv(key_cache, block_tables[b], seq_len)  # [S, H, D]\n"
-           "        values = gather_kv(value_cache, block_tables[b], seq_len)  # [S, H, D]\n"
+           "        keys = gather_kv(key_cache, block_tables[b], seq_len).repeat_interleave(group, dim=1)  # [S, H, D]\n"
+           "        values = gather_kv(value_cache, block_tables[b], seq_len).repeat_interleave(group, dim=1)\n"
            '        scores = torch.einsum("hd,shd->hs", query[b], keys) * scale'),
+    Mutant("5.2", "query head h reads KV head h % KVH, not h // (H // KVH)",
+           "        keys = gather_kv(key_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)  # [S, H, D]\n"
+           "        values = gather_kv(value_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)\n",
+           "        keys = gather_kv(key_cache, block_tables[b], seq_len).float().repeat(1, group, 1)  # [S, H, D]\n"
+           "        values = gather_kv(value_cache, block_tables[b], seq_len).float().repeat(1, group, 1)\n"),
     Mutant("5.2", "a softmax without subtracting the max", "weights = torch.softmax(scores, dim=-1)\n        out[b]",
            "weights = scores.exp() / scores.exp().sum(-1, keepdim=True)\n        out[b]"),
     Mutant("5.2", "gathers every entry of the block table, padding included",
@@ -279,12 +286,17 @@ LEARNER_MUTANTS = [
     Mutant("5.3", "a query sees the token after it", "torch.arange(seq_len - chunk_len, seq_len, device=query.device)",
            "torch.arange(seq_len - chunk_len + 1, seq_len + 1, device=query.device)"),
     Mutant("5.3", "no float32 upcast",
-           "    keys = gather_kv(key_cache, block_table, seq_len).float()  # [S, H, D]\n"
-           "    values = gather_kv(value_cache, block_table, seq_len).float()  # [S, H, D]\n"
+           "    keys = gather_kv(key_cache, block_table, seq_len).float().repeat_interleave(group, dim=1)  # [S, H, D]\n"
+           "    values = gather_kv(value_cache, block_table, seq_len).float().repeat_interleave(group, dim=1)\n"
            '    scores = torch.einsum("lhd,shd->hls", query.float(), keys) * scale',
-           "    keys = gather_kv(key_cache, block_table, seq_len)  # [S, H, D]\n"
-           "    values = gather_kv(value_cache, block_table, seq_len)  # [S, H, D]\n"
+           "    keys = gather_kv(key_cache, block_table, seq_len).repeat_interleave(group, dim=1)  # [S, H, D]\n"
+           "    values = gather_kv(value_cache, block_table, seq_len).repeat_interleave(group, dim=1)\n"
            '    scores = torch.einsum("lhd,shd->hls", query, keys) * scale'),
+    Mutant("5.3", "query head h reads KV head h % KVH, not h // (H // KVH)",
+           "    keys = gather_kv(key_cache, block_table, seq_len).float().repeat_interleave(group, dim=1)  # [S, H, D]\n"
+           "    values = gather_kv(value_cache, block_table, seq_len).float().repeat_interleave(group, dim=1)\n",
+           "    keys = gather_kv(key_cache, block_table, seq_len).float().repeat(1, group, 1)  # [S, H, D]\n"
+           "    values = gather_kv(value_cache, block_table, seq_len).float().repeat(1, group, 1)\n"),
     Mutant("5.3", "softmax over the queries, not the keys", 'float("-inf")), dim=-1)', 'float("-inf")), dim=1)'),
     # ---- 5.4 the Triton kernel ----
     Mutant("5.4", "the running max starts at 0.0, not -inf", '    m_i = float("-inf")\n', "    m_i = 0.0\n"),
@@ -294,6 +306,10 @@ LEARNER_MUTANTS = [
     Mutant("5.4", "the running max is never updated", "        m_i = m_new\n", ""),
     Mutant("5.4", "masked scores count as 0, not -inf", 'tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))',
            "tl.sum(k * q[None, :], axis=1) * scale, 0.0)"),
+    Mutant("5.4", "query head h reads KV head h % QUERIES_PER_KV, not h // QUERIES_PER_KV",
+           "    kv_head = head // QUERIES_PER_KV\n", "    kv_head = head % QUERIES_PER_KV\n"),
+    Mutant("5.4", "every query head reads the KV head of its own number (no grouping)",
+           "    kv_head = head // QUERIES_PER_KV\n", "    kv_head = head\n"),
     Mutant("5.4", "every sequence reads the first row of the block table",
            "tl.load(block_tables_ptr + seq * stride_bt + i)", "tl.load(block_tables_ptr + i)"),
     # ---- 5.5 token layout ----

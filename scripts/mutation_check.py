@@ -64,9 +64,11 @@ PROJECT_MODULES = {"kvcourse", "solutions", "tests", "conftest", "mutants_learne
 # fmt: off
 MUTANTS = [
     # ---- 0.x memory arithmetic ----
-    Mutant("0.1", "counts keys only, not values", "return 2 * _num_layers(config)", "return _num_layers(config)"),
+    Mutant("0.1", "counts keys only, not values", "return 2 * spec.num_layers", "return spec.num_layers"),
     Mutant("0.1", "caches every query head (ignores grouped-query attention)",
-           "* _kv_width(config) *", "* (getattr(config, 'hidden_size', None) or config.n_embd) *"),
+           "* spec.num_kv_heads * spec.head_dim *", "* spec.num_heads * spec.head_dim *"),
+    Mutant("0.1", "uses the hidden size (the multi-head formula)",
+           "* spec.num_kv_heads * spec.head_dim *", "* config.hidden_size *"),
     Mutant("0.2", "rounds a partial sequence up", "memory_bytes // (seq_len * bytes_per_token)",
            "-(-memory_bytes // (seq_len * bytes_per_token))"),
     Mutant("0.2", "rounds to the nearest sequence", "memory_bytes // (seq_len * bytes_per_token)",

@@ -54,8 +54,8 @@ class RankedBlockPool(BlockPool):
     def _pop_victim(self) -> KVCacheBlock:
         """The free block this policy evicts next (called only while a block is free)."""
         # Exercise 4.7 (contract): return the block that free_heap ranks first among the blocks that are
-        #   FREE now (ref_cnt 0): the smallest entry (eviction key, then freed_at tick) that is not stale,
-        #   leaving the block in the free queue (get_new_blocks takes it out). An entry is stale when its
+        #   FREE now (ref_cnt 0): the smallest entry (eviction key, then freed_at tick) that is not stale.
+        #   The block stays in the free queue (get_new_blocks takes it out). An entry is stale when its
         #   block is held again (a hit revived it) or was freed again since (its tick is no longer
         #   self.freed_at[block id]: the newer entry counts). Throw stale entries away as you meet them, so
         #   that each entry is looked at once: a replay hands out hundreds of thousands of blocks.

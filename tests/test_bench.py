@@ -83,6 +83,26 @@ def test_memory_main_prints_json_last(monkeypatch, capsys, memory_result: dict) 
     assert {"max", "pow2", "oracle", "paged-16"} <= set(last["utilization"])
 
 
+def test_throughput_takes_another_model_at_the_same_sizes() -> None:
+    base, smol = throughput.settings(False, False), throughput.settings(False, False, "smollm2")
+    assert smol.model == "smollm2" and {**smol.__dict__, "model": base.model} == base.__dict__
+    assert throughput.settings(True, False, None) == throughput.settings(True, False)
+
+
+def test_throughput_on_smollm2_agrees_with_hugging_face() -> None:
+    """The issue's landing check, small: every kvcourse system's greedy tokens equal HF continuous batching's."""
+    from kvcourse.models.smollm2 import is_converted, smollm2_dir
+
+    if not is_converted():
+        pytest.skip(f"SmolLM2-135M-Instruct is not converted on this machine ({smollm2_dir()}): run ./course setup")
+    small = {"num_requests": 3, "prompt_median": 8, "output_median": 4, "max_len": 32, "rounds": 1}
+    result = throughput.run(quick=True, sweep=False, model="smollm2", overrides=small)
+    assert result["model"] == "smollm2" and result["pretrained"]
+    assert result["agreement_with_hf_continuous"] == dict.fromkeys(result["agreement_with_hf_continuous"], 1.0)
+    assert {"kvcourse", "hf_static"} <= set(result["agreement_with_hf_continuous"])
+    assert result["roofline"]["bound"]["kvcourse"]["seconds"] > 0
+
+
 def test_throughput_structure_and_tokens() -> None:
     small = {
         "num_requests": 4,

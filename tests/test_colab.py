@@ -67,7 +67,7 @@ def run_cell(cell: str, clone: Path, monkeypatch, in_colab: bool) -> list[list[s
 def test_first_cell_in_colab_installs_the_course_but_not_torch(notebook, tmp_path, monkeypatch):
     clone = tmp_path / "kvcourse"
     commands = run_cell(first_code_cell(notebook), clone, monkeypatch, in_colab=True)
-    clone_cmd, deps_cmd, course_cmd, chdir = commands
+    clone_cmd, deps_cmd, course_cmd, model_cmd, chdir = commands
     assert clone_cmd == ["git", "clone", "--depth=1", colab.REPOSITORY, str(clone)]
     assert deps_cmd[:4] == [sys.executable, "-m", "pip", "install"]
     packages = [arg for arg in deps_cmd[4:] if not arg.startswith("-") and not arg.endswith(".txt")]
@@ -77,6 +77,7 @@ def test_first_cell_in_colab_installs_the_course_but_not_torch(notebook, tmp_pat
     constraints = Path(deps_cmd[deps_cmd.index("-c") + 1]).read_text().split()
     assert f"torch=={metadata.version('torch')}" in constraints, "the installed torch must be held in place"
     assert course_cmd[-3:] == ["--no-deps", "-e", str(clone)]
+    assert model_cmd == [sys.executable, "-m", "kvcourse.models.smollm2"], "SmolLM2 is fetched as ./course setup does"
     assert chdir == ["chdir", str(clone / "notebooks")]
     assert str(clone) in sys.path
     assert "%load_ext autoreload" in first_code_cell(notebook)

@@ -102,7 +102,7 @@ def test_model_keeps_its_own_attention(model):
     [
         ([[]], 3, "empty"),
         ([""], 3, "empty"),
-        ([[5] * 250], 10, "n_positions"),
+        ([[5] * 250], 10, "max_position_embeddings"),
         ([[5, 6]], 0, "max_new_tokens"),
         ([[5] * 40], 4, "num_blocks"),
         ([5, 6, 7], 2, "list of prompts"),

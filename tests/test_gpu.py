@@ -32,7 +32,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def paged_case(lengths: list[int], heads: int, head_dim: int, block_size: int, seed: int):
-    """Random K/V per sequence stored in shuffled blocks of one cache; tables padded with a junk block id."""
+    """Random K/V (`heads` KV heads) per sequence stored in shuffled blocks of one cache; tables padded with a junk block id."""
     gen = torch.Generator().manual_seed(seed)
     keys = [torch.randn(n, heads, head_dim, generator=gen) for n in lengths]
     values = [torch.randn(n, heads, head_dim, generator=gen) for n in lengths]
@@ -55,6 +55,8 @@ def paged_case(lengths: list[int], heads: int, head_dim: int, block_size: int, s
 def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
     """Causal softmax(q k^T / sqrt(D)) v in float64 on the CPU, query i at position offset + i: the ground truth."""
     q, k, v = (x.double().cpu() for x in (q, k, v))
+    kv_of_head = [h // (q.shape[1] // k.shape[1]) for h in range(q.shape[1])]  # grouped-query attention
+    k, v = k[:, kv_of_head], v[:, kv_of_head]
     scores = torch.einsum("lhd,shd->hls", q, k) * q.shape[-1] ** -0.5
     future = torch.arange(k.shape[0])[None, :] > (torch.arange(q.shape[0])[:, None] + offset)
     return torch.einsum("hls,shd->lhd", torch.softmax(scores.masked_fill(future, float("-inf")), -1), v)
@@ -65,21 +67,24 @@ def rounded(*tensors: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
     return [t.to(dtype).cuda() for t in tensors]
 
 
-KERNEL_CASES = {
+KERNEL_CASES = {  # lengths, block size, query heads, head dim[, KV heads (grouped-query attention)]
     "one token": ([1], 16, 12, 64),
     "mixed lengths": ([1, 17, 300, 64], 16, 12, 64),
     "long contexts": ([2048, 1999, 4000], 16, 12, 64),
     "block 32, head dim 128": ([5, 33, 129], 32, 8, 128),
     "64 short sequences": ([7] * 64, 8, 4, 32),
     "odd block and head sizes": ([13, 50], 3, 2, 80),
+    "SmolLM2: 9 heads on 3 KV heads": ([1, 17, 300, 2048], 16, 9, 64, 3),
+    "multi-query, head dim 80": ([13, 50, 400], 16, 8, 80, 1),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=str)
 def test_triton_decode_kernel_compiled_equals_dense(case, dtype):
-    lengths, block_size, heads, head_dim = KERNEL_CASES[case]
-    keys, values, key_cache, value_cache, tables, gen = paged_case(lengths, heads, head_dim, block_size, seed=7)
+    lengths, block_size, heads, head_dim, *grouped = KERNEL_CASES[case]
+    kv_heads = grouped[0] if grouped else heads
+    keys, values, key_cache, value_cache, tables, gen = paged_case(lengths, kv_heads, head_dim, block_size, seed=7)
     query = torch.randn(len(lengths), heads, head_dim, generator=gen)
     q, kc, vc = rounded(query, key_cache, value_cache, dtype=dtype)
     got = attention.triton_paged_decode_attention(q, kc, vc, tables.cuda(), torch.tensor(lengths).cuda())
@@ -149,3 +154,17 @@ def test_gpt2_small_on_cuda_equals_hugging_face_greedy(backend):
     prompts = [tokenizer.encode(text) for text in LESSON_PROMPTS]
     engine = LLMEngine(model, num_blocks=128, block_size=16, attention=backend)
     assert engine.generate(prompts, 16) == [hf_greedy(model, p, 16) for p in prompts]
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast", "triton"])
+def test_grouped_llama_on_cuda_equals_hugging_face_greedy(backend):
+    """A tiny Llama (4 query heads on 2 KV heads, RoPE) on the GPU, every attention, tight cache and prefix caching."""
+    from kvcourse.models.llama import random_llama
+
+    model = random_llama(seed=3).cuda().eval()
+    vocab = model.config.vocab_size
+    prompts = [[t % vocab for t in p] for p in MIXED[:6] + SHARED[:6]]
+    engine = LLMEngine(
+        model, num_blocks=20, block_size=4, token_budget=32, enable_prefix_caching=True, attention=backend
+    )
+    assert engine.generate(prompts, NEW_TOKENS) == [hf_greedy(model, p, NEW_TOKENS) for p in prompts]

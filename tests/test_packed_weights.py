@@ -119,3 +119,16 @@ def test_packing_is_off_where_it_does_not_pay(model, wide_model):
     assert LLMEngine(half, num_blocks=8, block_size=4).runner.packed_weights is None
     with pytest.raises(ValueError, match=r"pack_weights=True, but the model is in torch.bfloat16"):
         LLMEngine(half, num_blocks=8, block_size=4, pack_weights=True)
+
+
+def test_other_families_are_declined_in_words():
+    """Packing covers GPT-2's Conv1D layers only: a Llama model runs its own layers, and asking to pack says why not."""
+    from kvcourse.backends.packed import why_not_packable
+    from kvcourse.models.llama import random_llama, tiny_llama_config
+
+    llama = random_llama(tiny_llama_config(hidden_size=MIN_PACKED_WIDTH, num_attention_heads=8, num_key_value_heads=2))
+    assert not can_pack(llama)
+    assert "GPT-2 only" in why_not_packable(llama)
+    assert LLMEngine(llama, num_blocks=4, block_size=4).runner.packed_weights is None
+    with pytest.raises(ValueError, match="GPT-2 only"):
+        LLMEngine(llama, num_blocks=4, block_size=4, pack_weights=True)

@@ -87,3 +87,47 @@ def test_every_question_is_asked_in_its_notebook_without_its_answer(question):
         f"notebook {sources[0].name} should ask question {question.id} with answer({question.id!r}, None)"
     )
     assert re.fullmatch(r"[0-9a-f]{64}", question.digest), f"question {question.id}: the digest is not a SHA-256"
+
+
+@pytest.mark.parametrize("typed", ["73,728", "73728", "73 728", "73728.0", "72 KiB", "72KiB", "0.0703125 MiB", 73728])
+def test_a_number_is_taken_as_the_notebook_prints_it(typed):
+    question = make_question("int", 73728, unit="bytes")
+    assert digest(question, typed) == question.digest, f"{typed!r} means 73,728 bytes"
+
+
+@pytest.mark.parametrize("typed", ["R3", "request 3", "r 3", "#3", "3"])
+def test_a_request_is_taken_by_its_name(typed):
+    assert normalize(make_question("int", 3), typed) == "3"
+
+
+@pytest.mark.parametrize("typed", ["b", "(b)", "B", "b)", "(b) only the stack's", "option b", "Answer: B"])
+def test_a_choice_is_taken_as_written(typed):
+    assert normalize(make_question("choice", "b", choices=("a", "b", "c")), typed) == "b"
+
+
+def test_a_choice_of_words_takes_spaces_and_hyphens():
+    question = make_question("choice", "skip_ahead", choices=("fcfs", "skip_ahead"))
+    assert [normalize(question, t) for t in ("skip-ahead", "skip ahead", "FCFS")] == [
+        "skip_ahead",
+        "skip_ahead",
+        "fcfs",
+    ]
+
+
+@pytest.mark.parametrize("typed, problem", [("72 apples", "in bytes"), ("seventy", "such as 73728"), ("72 KiB", None)])
+def test_a_unit_is_read_only_where_the_question_counts_in_it(typed, problem):
+    bytes_question = make_question("int", 73728, unit="bytes")
+    if problem is None:  # a unit where the question takes none is refused in words
+        with pytest.raises(ValueError, match="without a unit"):
+            normalize(make_question("int", 3), typed)
+        return
+    with pytest.raises(ValueError, match=problem):
+        normalize(bytes_question, typed)
+
+
+def test_a_wrong_format_is_one_sentence_not_a_traceback(answers_file, monkeypatch, capsys):
+    monkeypatch.setitem(QUESTIONS, "9.z", make_question("int", 3))
+    answer("9.z", "three-ish")  # must not raise
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "takes a number" in out and "Nothing was recorded" in out, out
+    assert not answers_file.exists(), "an unreadable answer must record nothing"

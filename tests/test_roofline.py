@@ -48,6 +48,18 @@ def test_model_cost_reads_gpt2s_weights(tiny):
     assert cost.head_shape == (d, config.vocab_size)
 
 
+def test_model_cost_counts_a_grouped_query_llamas_kv_heads_only():
+    from kvcourse.models.llama import random_llama
+
+    llama = random_llama()  # 2 layers, 4 query heads sharing 2 KV heads of 16, hidden 64, untied head
+    cost = roofline.model_cost(llama)
+    assert cost.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4, "layers x (K and V) x KV heads x head dim x float32"
+    assert cost.attention_width == 2 * 4 * 16, "every query head scores its keys"
+    assert cost.row_bytes == llama.model.embed_tokens.weight[0].nbytes, "RoPE has no position embedding to read"
+    q, kv, up = 64, 2 * 16, 128
+    assert {(i, o): n for i, o, n in cost.linear_shapes} == {(q, q): 4, (q, kv): 4, (q, up): 4, (up, q): 2}
+
+
 def test_bound_takes_the_larger_of_memory_and_arithmetic_per_step():
     cost = roofline.ModelCost(
         layer_bytes=1000,

@@ -7,14 +7,15 @@ builders), and each layer then costs a fixed handful of operations whatever the 
 sequences fall in at most two groups, the decodes (one query each) and the prefill chunks (padded to
 the longest chunk), so that one long prompt does not pad every decode to its length. Per group:
 
-    keys    = key_cache.view(-1, H, D).index_select(0, kv_slots)   # [b, S, H, D]: each sequence's past
-    queries = query.index_select(0, query_index)                   # [b, L, H, D]: its chunk, padded
-    out     = scaled_dot_product_attention(queries, keys, values, attn_mask=mask)
+    keys    = key_cache.view(-1, KVH, D).index_select(0, kv_slots)  # [b, S, KVH, D]: each sequence's past
+    queries = query.index_select(0, query_index)                    # [b, L, H, D]: its chunk, padded
+    out     = scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=KVH < H)
 
 where S is the group's longest sequence, L its longest chunk (1 for decodes), and `mask[b, 0, i, j]`
 is True when query i of sequence b may see key j: causal within its chunk, nothing at or past the
 sequence's length (padding keys read whatever sits where the padding points, and are masked out).
-Padded query rows repeat a real query; they are computed and dropped.
+Padded query rows repeat a real query; they are computed and dropped. Under grouped-query attention
+(KVH < H) SDPA's `enable_gqa` lets query head h read KV head h // (H // KVH) without copying K/V.
 """
 
 from __future__ import annotations
@@ -94,22 +95,30 @@ def fast_paged_attention(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Attention for a packed batch of prefill chunks and decodes, [T, H, D] in and out: same answer as paged_attention."""
-    if query.dim() != 3 or key_cache.dim() != 4 or query.shape[1:] != key_cache.shape[2:]:
+    if (
+        query.dim() != 3
+        or key_cache.dim() != 4
+        or query.shape[2] != key_cache.shape[3]
+        or query.shape[1] % key_cache.shape[2]
+    ):
         raise ValueError(
-            f"query must be [T, H, D] and the caches [num_blocks, block_size, H, D] with the same H and D; "
-            f"got {tuple(query.shape)} and {tuple(key_cache.shape)}."
+            "query must be [T, H, D] and the caches [num_blocks, block_size, KVH, D] with the same D and H a "
+            f"multiple of KVH; got {tuple(query.shape)} and {tuple(key_cache.shape)}."
         )
     if query.shape[0] != metadata.num_tokens:
         raise ValueError(f"the metadata describes {metadata.num_tokens} queries; got {query.shape[0]}.")
     heads, head_dim = query.shape[1:]
-    keys_flat, values_flat = key_cache.view(-1, heads, head_dim), value_cache.view(-1, heads, head_dim)
+    kv_heads = key_cache.shape[2]
+    keys_flat, values_flat = key_cache.view(-1, kv_heads, head_dim), value_cache.view(-1, kv_heads, head_dim)
     out = torch.empty_like(query) if len(metadata.groups) > 1 else None
     for group in metadata.groups:
         batch, _, rows, seq = group.mask.shape
-        keys = keys_flat.index_select(0, group.kv_slots).view(batch, seq, heads, head_dim).transpose(1, 2)
-        values = values_flat.index_select(0, group.kv_slots).view(batch, seq, heads, head_dim).transpose(1, 2)
+        keys = keys_flat.index_select(0, group.kv_slots).view(batch, seq, kv_heads, head_dim).transpose(1, 2)
+        values = values_flat.index_select(0, group.kv_slots).view(batch, seq, kv_heads, head_dim).transpose(1, 2)
         queries = query.index_select(0, group.query_index).view(batch, rows, heads, head_dim).transpose(1, 2)
-        result = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=scale)
+        result = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=kv_heads < heads
+        )
         result = result.transpose(1, 2).reshape(batch * rows, heads, head_dim).index_select(0, group.out_rows)
         if out is None:  # the step's only group: its real rows are every query, already in packed order
             return result

@@ -1,5 +1,8 @@
 """GPT-2's linear layers in oneDNN's format, for the engine's decode steps on a CPU.
 
+GPT-2 only: packing covers its `Conv1D` layers (and its LM head); other families (Llama/SmolLM2) are
+declined in words by `why_not_packable` and run their own layers.
+
 A decode step multiplies a handful of rows by every weight matrix, so it is bound by reading the
 weights. GPT-2's `Conv1D` computes `x @ W` with W stored [in, out]; oneDNN's linear reads the same
 weights from a packed copy 1.3x to 1.8x faster at GPT-2 small's shapes (8 to 64 rows, 2 threads), and the
@@ -28,6 +31,8 @@ MIN_PACKED_WIDTH = 512
 def why_not_packable(model: torch.nn.Module) -> str | None:
     """What stops the model's weights from being packed for oneDNN (None when nothing does)."""
     weight = next(model.parameters())
+    if not any(isinstance(m, Conv1D) for m in model.modules()):
+        return f"{type(model).__name__} has no GPT-2 Conv1D layers; oneDNN packing covers GPT-2 only"
     if weight.device.type != "cpu":
         return f"the model is on {weight.device}; oneDNN packing is for CPU models"
     if weight.dtype != torch.float32:

@@ -24,9 +24,15 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def parse_args(study: str, description: str, argv: list[str] | None) -> argparse.Namespace:
-    """The flags every study takes: --quick (CPU-sized, under a minute) and --json."""
+def parse_args(
+    study: str, description: str, argv: list[str] | None, models: list[str] | None = None
+) -> argparse.Namespace:
+    """The flags every study takes: --quick (CPU-sized, under a minute) and --json; --model where `models` is given."""
     parser = argparse.ArgumentParser(prog=f"python -m kvcourse.bench {study}", description=description)
+    if models:
+        parser.add_argument(
+            "--model", choices=models, default=None, help="the model (default: the tiny GPT-2 with --quick, else gpt2)"
+        )
     parser.add_argument("--quick", action="store_true", help="small sizes: finishes in under a minute on a CPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure as the last line")
     parser.add_argument(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from kvcourse.bench.kernel import copy_bandwidth, time_call
+from kvcourse.models.spec import kv_cache_spec
 
 
 @dataclass(frozen=True)
@@ -94,16 +95,16 @@ def model_cost(model: torch.nn.Module) -> ModelCost:
         else:
             continue
         shapes[shape] = shapes.get(shape, 0) + 1
-    config = model.config
+    spec = kv_cache_spec(model.config)
     element = next(model.parameters()).element_size()
     return ModelCost(
         layer_bytes=sum(p.nbytes for p in model.parameters() if id(p) not in skip),
         head_bytes=head.weight.nbytes,
         row_bytes=sum(m.weight[0].nbytes for m in embeddings),
-        kv_bytes_per_token=2 * config.n_layer * config.n_embd * element,
+        kv_bytes_per_token=2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * element,  # KV heads only
         linear_shapes=tuple((i, o, n) for (i, o), n in shapes.items()),
         head_shape=(head.in_features, head.out_features),
-        attention_width=config.n_layer * config.n_embd,
+        attention_width=spec.num_layers * spec.num_heads * spec.head_dim,
     )
 
 

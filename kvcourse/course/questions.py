@@ -34,6 +34,7 @@ class Question:
     digest: str
     choices: tuple[str, ...] = ()
     decimals: int = 0
+    unit: str = ""  # what the number counts, when a learner may write it with a unit ("bytes": "72 KiB")
 
     @property
     def title(self) -> str:
@@ -43,12 +44,41 @@ class Question:
 
 def _choice(text: str, choices: tuple[str, ...]) -> str | None:
     """The option meant, written as the notebook prints it ("b", "(b)", "b)", "(b) only the stack's"), or None."""
-    text = text.strip().lower()
+    text = re.sub(r"^(?:option|answer|choice)\s*:?\s*", "", text.strip().lower())
     bare = text.strip("()[]{}.,:;!'\" ")
-    if bare in choices:
-        return bare
+    for spelling in (bare, re.sub(r"[- ]+", "_", bare)):  # "skip-ahead" and "skip ahead" mean skip_ahead
+        if spelling in choices:
+            return spelling
     lead = re.match(r"[(\[]?\s*([a-z_]+)\s*[)\].:]\s", text + " ")
     return lead[1] if lead and lead[1] in choices else None
+
+
+# Units a learner may write after a number, where the question counts in them ("72 KiB" is 73,728 bytes).
+BYTE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+BYTE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+NUMBER = re.compile(r"(?:r|request|#)?\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([a-z%]*)")
+
+
+def _number(question: Question, value: object) -> float:
+    """The number meant, written as the notebook prints it: 73728, "73,728", "73 728", "72 KiB", "R3"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"Question {question.id} takes a number; got {value!r}.")
+    if not isinstance(value, str):
+        return float(value)
+    text = value.strip().lower().replace(",", "").replace("_", "").replace("\u202f", "")
+    text = re.sub(r"(?<=\d) (?=\d{3}\b)", "", text)  # a thin-space or space thousands separator
+    match = NUMBER.fullmatch(text)
+    if match is None:
+        raise ValueError(f"Question {question.id} takes a number, such as 73728 or 73,728; got {value!r}.")
+    number, unit = float(match[1]), match[2]
+    if not unit:
+        return number
+    if question.unit == "bytes" and unit in BYTE_UNITS:
+        return number * BYTE_UNITS[unit]
+    if unit == question.unit or unit == question.unit.rstrip("s"):
+        return number
+    wanted = f"in {question.unit}" if question.unit else "without a unit"
+    raise ValueError(f"Question {question.id} takes a number {wanted}; got {value!r}.")
 
 
 def normalize(question: Question, value: object) -> str:
@@ -58,12 +88,7 @@ def normalize(question: Question, value: object) -> str:
         if text is None:
             raise ValueError(f"Question {question.id} takes one of {', '.join(question.choices)}; got {value!r}.")
         return text
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"Question {question.id} takes a number; got {value!r}.")
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"Question {question.id} takes a number; got {value!r}.") from None
+    number = _number(question, value)
     if question.kind == "int":
         if number != int(number):
             raise ValueError(f"Question {question.id} takes a whole number; got {value!r}.")
@@ -123,6 +148,7 @@ _QUESTIONS = [
         notebook="00",
         prompt="Bytes of KV cache per token for GPT-2 small in fp32",
         kind="int",
+        unit="bytes",
         digest="bfb32766e39d7377c9a43f54ed607e6f72ddbfcdffb46277da088652992f1dde",
     ),
     Question(
@@ -131,6 +157,14 @@ _QUESTIONS = [
         prompt="1,024-token GPT-2 XL sequences (fp16, full length reserved) that fit in 40 GiB",
         kind="int",
         digest="5dbd85efdbf9020a9fefb7c776977d645ae1d238d6d7f12273697f1187d3a617",
+    ),
+    Question(
+        id="0.c",
+        notebook="00",
+        prompt="How many times less KV cache per token SmolLM2 (9 query heads, 3 KV heads) needs than full "
+        "multi-head attention would",
+        kind="int",
+        digest="5eb5ebc26dc2012e8be655e5cae8502b651fad6149ecfe8375b5041ac3c4a7be",
     ),
     Question(
         id="3.a",
@@ -351,7 +385,11 @@ def answer(question_id: str, value: object) -> None:
         print(f"⏳ Question {question.id}: {question.prompt}?{options}")
         print("   Replace None with your prediction, run this cell, then run the next cell to see.")
         return
-    correct = digest(question, value) == question.digest
+    try:
+        correct = digest(question, value) == question.digest
+    except ValueError as error:  # a format it cannot read: one sentence, nothing recorded
+        print(f"⚠️ {error} Nothing was recorded: change the value and run the cell again.")
+        return
     answers = _load_answers()
     answers[question.id] = {"value": normalize(question, value), "correct": correct}
     with contextlib.suppress(OSError):  # a read-only checkout still answers; only the scoreboard forgets

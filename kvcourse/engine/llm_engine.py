@@ -7,7 +7,7 @@ Each step (vLLM v1's EngineCore.step, in miniature):
 
 `EngineCore` is that loop over any scheduler and any executor, and every step yields the same
 `StepRecord`: notebooks 01-04 drive it with the toy model (`kvcourse.toy.run`), and `LLMEngine` with
-GPT-2's `ModelRunner`. The three calls themselves are the learner's `engine_step` (kvcourse/step.py,
+the model's `ModelRunner`. The three calls themselves are the learner's `engine_step` (kvcourse/step.py,
 Exercise 1.1); `EngineCore` keeps the books around them: `core.phase(name, scheduler_output)` times
 each phase, checks and records the plan as the execute phase begins, and isolates faults.
 
@@ -67,7 +67,7 @@ class EngineCore:
     """One scheduler and one executor, stepped together: each step recorded, timed, and safe to fail."""
 
     def __init__(self, scheduler: SchedulerProtocol, executor: ExecutorProtocol) -> None:
-        """Any scheduler (the memory-aware one, notebook 01's blind one) with any executor (toy or GPT-2)."""
+        """Any scheduler (the memory-aware one, notebook 01's blind one) with any executor (toy or a real model)."""
         self.scheduler = scheduler
         self.executor = executor
         self.on_schedule: Callable[[StepRecord], None] | None = None  # sees each step's plan before it runs
@@ -264,7 +264,7 @@ class EngineCore:
 
 
 # ----------------------------------------------------------------------------------------------
-# GPT-2 through the loop
+# A model (GPT-2, Llama/SmolLM2) through the loop
 # ----------------------------------------------------------------------------------------------
 
 
@@ -283,7 +283,7 @@ class EngineStats:
 
 
 class LLMEngine:
-    """Greedy generation for GPT-2 through our scheduler, paged KV cache and paged attention."""
+    """Greedy generation for a causal LM (GPT-2, Llama/SmolLM2) through our scheduler, paged KV cache and attention."""
 
     def __init__(
         self,
@@ -300,6 +300,7 @@ class LLMEngine:
     ) -> None:
         # Imported here, not at the top: the toy world uses EngineCore without torch or transformers.
         from kvcourse.kv_cache import KVCacheManager
+        from kvcourse.models.spec import kv_cache_spec
         from kvcourse.scheduler import StallFreeScheduler
         from kvcourse.worker.model_runner import ModelRunner
 
@@ -309,7 +310,7 @@ class LLMEngine:
         self.scheduler = StallFreeScheduler(token_budget, max_batch_size, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, block_size, attention, pack_weights=pack_weights)
         self.core = EngineCore(self.scheduler, self.runner)
-        self.max_positions = int(model.config.n_positions)
+        self.max_positions = kv_cache_spec(model.config).max_positions
         self.vocab_size = int(model.config.vocab_size)
         self.stats = EngineStats()
         self.last_record: StepRecord | None = None  # what the latest step() did (None after a failed one)
@@ -450,7 +451,7 @@ class LLMEngine:
         if total > self.max_positions:
             raise ValueError(
                 f"{where} has {len(tokens)} tokens and asks for {max_new_tokens} more, but the model's "
-                f"context holds {self.max_positions} positions (config.n_positions): shorten the prompt "
+                f"context holds {self.max_positions} positions (its config's max_position_embeddings): shorten the prompt "
                 "or lower max_new_tokens."
             )
         if blocks_needed(total, manager.block_size) > manager.num_blocks:

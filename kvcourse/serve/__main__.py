@@ -1,8 +1,9 @@
-"""`python -m kvcourse.serve`: serve GPT-2 through your engine with an OpenAI-compatible API.
+"""`python -m kvcourse.serve`: serve a model through your engine with an OpenAI-compatible API.
 
-    python -m kvcourse.serve --model tiny --num-blocks 128 --port 8000
-    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
-         -d '{"model": "tiny", "prompt": "Hello", "max_tokens": 8, "stream": true}'
+    python -m kvcourse.serve --num-blocks 128 --port 8000          # SmolLM2-135M-Instruct (./course setup)
+    curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+         -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "stream": true}'
+    python -m kvcourse.serve --model tiny                          # a tiny random GPT-2: fast, gibberish
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 import uvicorn
 
+from kvcourse.models.registry import DEFAULT_MODEL, model_names
 from kvcourse.serve.app import MAX_BODY_BYTES
 from kvcourse.serve.server import LOOPBACK, build_app, exposure_warning
 
@@ -19,7 +21,9 @@ from kvcourse.serve.server import LOOPBACK, build_app, exposure_warning
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags of `vllm serve` that this engine has."""
     parser = argparse.ArgumentParser(prog="python -m kvcourse.serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="tiny, gpt2, gpt2-medium, gpt2-large or gpt2-xl (default tiny)")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, choices=model_names(), help=f"the model to serve (default {DEFAULT_MODEL})"
+    )
     parser.add_argument("--num-blocks", type=int, default=256, help="KV-cache blocks in the pool (default 256)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
     parser.add_argument("--token-budget", type=int, default=512, help="tokens the model runs per step (default 512)")
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             max_body_bytes=args.max_body_bytes,
             debug_endpoints=debug,
         )
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:
         print(f"kvcourse.serve: {exc}", file=sys.stderr)
         return 2
     print(f"Serving {args.model} on http://{args.host}:{args.port}/v1 (OpenAI-compatible); Ctrl-C stops.")

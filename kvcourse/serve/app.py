@@ -1,6 +1,7 @@
 """The HTTP front end: an OpenAI-compatible completions server on the learner's own engine.
 
     POST /v1/completions   prompt(s) -> completion(s), sampled per request, streamed as server-sent events
+    POST /v1/chat/completions  messages -> the assistant's message(s), the same way (kvcourse/serve/chat.py)
     GET  /v1/models        the one model served
     GET  /health           200 while the engine loop runs, with its counters
     GET  /metrics          Prometheus text under vLLM's metric names (kvcourse/serve/metrics.py)
@@ -21,7 +22,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -30,6 +31,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvcourse.core.contract import blocks_needed
 from kvcourse.serve.blocks import snapshot_to_json, take_snapshot
+from kvcourse.serve.chat import (
+    CHAT_SUPPORTED,
+    ChatCompletionRequest,
+    ChatReply,
+    apply_template,
+    as_completion,
+    messages_of,
+    requested_max_tokens,
+)
 from kvcourse.serve.detokenize import decode
 from kvcourse.serve.loop import EngineLoop, RequestStream
 from kvcourse.serve.metrics import ServerMetrics
@@ -48,6 +58,7 @@ from kvcourse.serve.reply import Reply
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full context of token ids is ~10 KB of JSON
 CHARS_PER_TOKEN_BOUND = 32  # a string prompt longer than context x this cannot fit: refused before tokenizing
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+RequestModel = TypeVar("RequestModel", CompletionRequest, ChatCompletionRequest)
 
 
 def create_app(
@@ -85,22 +96,23 @@ def create_app(
         """404, 405... in OpenAI's error shape too."""
         message = f"{raw.method} {excerpt(raw.url.path)}: {exc.detail}."
         if exc.status_code == 404:
-            message += " This server answers POST /v1/completions, GET /v1/models, /health and /metrics."
+            message += (
+                " This server answers POST /v1/completions and /v1/chat/completions, GET /v1/models, /health "
+                "and /metrics."
+            )
         error = ServeError(message, code=HTTP_CODES.get(exc.status_code, "http_error"), status=exc.status_code)
         return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
-    @app.post("/v1/completions")
-    async def completions(raw: Request) -> Response:
-        check_content_type(raw)
-        body = await read_body(raw, max_body_bytes)
-        req, plan, prompts, echo = await asyncio.to_thread(prepare, body, engine, tokenizer, model_name)
+    async def answer(raw: Request, prepared: tuple, reply_class: type[Reply], prefix: str) -> Response:
+        """Run a checked request's completions on the engine; reply whole or streamed (completions and chat alike)."""
+        req, plan, prompts, echo = prepared
         children = [(tokens, params) for tokens in prompts for params in plan.params]
         stream = RequestStream(asyncio.get_running_loop(), len(children))
         eos = None if req.ignore_eos else getattr(tokenizer, "eos_token_id", None)
         requests = await submit(engine_loop, children, req.max_tokens, stream, eos)
         ids = [r.id for r in requests]
-        reply = Reply(
-            f"cmpl-{ids[0]}",
+        reply = reply_class(
+            f"{prefix}-{ids[0]}",
             model_name,
             prompts,
             plan.n,
@@ -122,6 +134,20 @@ def create_app(
             events = stream_events(reply, stream, engine_loop, ids, usage)
             return AbortOnDisconnect(events, on_disconnect=abort_all)
         return JSONResponse(await collect(reply, stream, engine_loop, ids, raw, abort_all))
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request) -> Response:
+        check_content_type(raw)
+        body = await read_body(raw, max_body_bytes)
+        prepared = await asyncio.to_thread(prepare, body, engine, tokenizer, model_name)
+        return await answer(raw, prepared, Reply, "cmpl")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request) -> Response:
+        check_content_type(raw)
+        body = await read_body(raw, max_body_bytes)
+        prepared = await asyncio.to_thread(prepare_chat, body, engine, tokenizer, model_name)
+        return await answer(raw, prepared, ChatReply, "chatcmpl")
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -191,13 +217,44 @@ def prepare(
     body: bytes, engine: Any, tokenizer: Any, model_name: str
 ) -> tuple[CompletionRequest, Plan, list[list[int]], list[str] | None]:
     """In a worker thread: the checked request, its plan, each prompt's token ids, and the echo texts (if asked)."""
-    req = parse_completion_request(body)
-    if req.model is not None and req.model != model_name:
+    return checked(parse_request(body, CompletionRequest, SUPPORTED), engine, tokenizer, model_name)
+
+
+def prepare_chat(
+    body: bytes, engine: Any, tokenizer: Any, model_name: str
+) -> tuple[CompletionRequest, Plan, list[list[int]], None]:
+    """In a worker thread: a chat request as the completion request it amounts to, checked, with its prompt's ids."""
+    chat = parse_request(body, ChatCompletionRequest, CHAT_SUPPORTED)
+    check_model(chat.model, model_name)
+    context = int(engine.max_positions)
+    prompt = apply_template(tokenizer, messages_of(chat.messages, context * CHARS_PER_TOKEN_BOUND))
+    max_tokens = requested_max_tokens(chat)
+    if max_tokens is None:
+        max_tokens = max(1, room_for(len(prompt), engine))
+    return checked(as_completion(chat, prompt, max_tokens), engine, tokenizer, model_name)
+
+
+def room_for(num_prompt: int, engine: Any) -> int:
+    """How many tokens a prompt leaves room for, in the context and in the whole KV cache (vLLM's default max_tokens)."""
+    manager = engine.kv_cache_manager
+    return min(int(engine.max_positions), manager.num_blocks * manager.block_size) - num_prompt
+
+
+def check_model(asked: str | None, model_name: str) -> None:
+    """The request may name the served model, or none."""
+    if asked is not None and asked != model_name:
         raise ServeError(
-            f"model {excerpt(req.model)} is not served here; this server serves {model_name!r} (see GET /v1/models).",
+            f"model {excerpt(asked)} is not served here; this server serves {model_name!r} (see GET /v1/models).",
             "model",
             "model_not_found",
         )
+
+
+def checked(
+    req: CompletionRequest, engine: Any, tokenizer: Any, model_name: str
+) -> tuple[CompletionRequest, Plan, list[list[int]], list[str] | None]:
+    """The request's plan, each prompt's token ids and the echo texts, once every check has passed."""
+    check_model(req.model, model_name)
     plan = check_parameters(req)
     context = int(engine.max_positions)
     prompts = prompts_of(req.prompt, context * CHARS_PER_TOKEN_BOUND, context)
@@ -222,25 +279,30 @@ def prepare(
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
     """The JSON body as a CompletionRequest, or a 400 that names the field and the fix (quoting little of it)."""
+    return parse_request(body, CompletionRequest, SUPPORTED)
+
+
+def parse_request(body: bytes, model: type[RequestModel], supported: str) -> RequestModel:
+    """The JSON body as `model` (a completion or chat request), or a 400 that names the field and the fix."""
     try:
         data = json.loads(body)
     except RecursionError:
-        raise ServeError("the request body nests JSON too deeply: a completion request is a flat object.") from None
+        raise ServeError("the request body nests JSON too deeply: a request is a shallow object.") from None
     except ValueError as exc:
         reason = str(exc).splitlines()[0][:120]
         raise ServeError(f"the request body is not valid JSON ({reason}).", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ServeError('the request body must be a JSON object, e.g. {"prompt": "Hello", "max_tokens": 8}.')
     try:
-        return CompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except RecursionError:
-        raise ServeError("the request nests JSON too deeply: a completion request is a flat object.") from None
+        raise ServeError("the request nests JSON too deeply: a request is a shallow object.") from None
     except ValidationError as exc:
         error = exc.errors()[0]
         field = excerpt(".".join(str(part) for part in error["loc"][:2])).strip("'") or None
         if error["type"] == "extra_forbidden":
             raise ServeError(
-                f"{field} is not a parameter this server knows. {SUPPORTED}", field, "unknown_parameter"
+                f"{field} is not a parameter this server knows. {supported}", field, "unknown_parameter"
             ) from None
         if error["type"] == "missing":
             raise ServeError(f"{field} is required.", field, "missing_parameter") from None

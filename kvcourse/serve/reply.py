@@ -147,6 +147,11 @@ class Reply:
     def prompt_of(self, index: int) -> list[int]:
         return self.prompts[index // self.n]
 
+    def _body(self, choices: list[dict[str, Any]], chunk: bool, usage: dict[str, int] | None = None) -> dict[str, Any]:
+        """The object around the choices (kvcourse/serve/chat.py's ChatReply names it a chat completion)."""
+        del chunk  # a completion and its streamed chunks are the same object, text_completion
+        return completion_body(self.id, self.model, choices, usage=usage)
+
     def chunk(self, choice: Choice, update: Update, first: bool) -> dict[str, Any]:
         """One streamed `text_completion` chunk: one choice's new text."""
         ids = self.return_token_ids
@@ -158,13 +163,13 @@ class Reply:
             update.token_ids if ids else None,
             self.prompt_of(choice.index) if ids and first else None,
         )
-        return completion_body(self.id, self.model, [body])
+        return self._body([body], chunk=True)
 
     def usage_chunk(self) -> dict[str, Any]:
         """The last chunk of a stream with stream_options.include_usage: no choices, the usage."""
-        return completion_body(self.id, self.model, [], usage=self.usage)
+        return self._body([], chunk=True, usage=self.usage)
 
     def whole(self) -> dict[str, Any]:
         """The non-streaming answer, once every choice has ended."""
         choices = [c.body(self.return_token_ids, self.prompt_of(c.index)) for c in self.choices]
-        return completion_body(self.id, self.model, choices, usage=self.usage)
+        return self._body(choices, chunk=False, usage=self.usage)

@@ -1,6 +1,6 @@
 """Build an engine and run the app with uvicorn: in the foreground (the CLI) or in a thread (tests, notebooks).
 
-with ServerThread(build_app(model="tiny", num_blocks=64)) as server:   # a free 127.0.0.1 port
+with ServerThread(build_app(model="tiny", num_blocks=64)) as server:   # a free 127.0.0.1 port (default: smollm2)
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from kvcourse.models.registry import DEFAULT_MODEL
 from kvcourse.serve.app import MAX_BODY_BYTES, create_app
 
 LOOPBACK = "127.0.0.1"
@@ -33,7 +34,7 @@ def exposure_warning(host: str) -> str | None:
 
 
 def build_app(
-    model: str | Any = "tiny",
+    model: str | Any = DEFAULT_MODEL,
     *,
     num_blocks: int = 256,
     block_size: int = 16,
@@ -46,19 +47,21 @@ def build_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     debug_endpoints: bool = True,
 ) -> FastAPI:
-    """An app serving GPT-2 (`model` is "tiny", "gpt2"... or a loaded model) through a fresh LLMEngine.
+    """An app serving a model (a name of kvcourse.models.registry: "smollm2", "gpt2"..., "tiny"; or a loaded
+    model, with its tokenizer, GPT-2's by default) through a fresh LLMEngine.
 
     enable_prefix_caching: on by default, as in vLLM v1: the n completions of one prompt share its blocks.
     attention: the engine's backend (None: the engine's default; "reference" runs your exercises 5.2-5.3).
     max_body_bytes: larger request bodies get a 413. debug_endpoints: serve /debug/blocks.
     """
     from kvcourse.engine.llm_engine import LLMEngine
-    from kvcourse.models.gpt2 import load_gpt2, load_tokenizer
+    from kvcourse.models.registry import gpt2_tokenizer, load_model
 
     name = model_name or (model if isinstance(model, str) else "gpt2")
     if isinstance(model, str):
-        model = load_gpt2(model)
-    tokenizer = tokenizer or load_tokenizer()
+        model, own_tokenizer = load_model(model, verbose=True)
+        tokenizer = tokenizer or own_tokenizer
+    tokenizer = tokenizer or gpt2_tokenizer()
     options = {} if attention is None else {"attention": attention}
     engine = LLMEngine(
         model,

@@ -2,7 +2,7 @@
 
 The learner's half (kvcourse/model_runner.py: `prepare_inputs` and Exercise 5.5's `token_layout`) turns a
 plan into the model's inputs; this class runs one forward pass through the paged cache and samples.
-vLLM: `GPUModelRunner` (vllm/v1/worker/gpu/model_runner.py); nano-vllm: engine/model_runner.py.
+vLLM: `GPUModelRunner` (vllm/v1/worker/gpu/model_runner.py); nano-vllm: its `ModelRunner` class.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class ModelRunner:
-    """Owns the paged KV storage and runs GPT-2 on scheduler batches (nano-vllm's ModelRunner)."""
+    """Owns the paged KV storage and runs the model (GPT-2, Llama) on scheduler batches (nano-vllm's ModelRunner)."""
 
     def __init__(
         self,

@@ -1,16 +1,19 @@
-"""How the paged KV cache plugs into Hugging Face GPT-2, through transformers' own extension points.
+"""How the paged KV cache plugs into a Hugging Face model (GPT-2, Llama/SmolLM2), through transformers' own extension points.
 
 Two hooks, no monkeypatching:
 
-* a `Cache` subclass, `PagedKVCache`: GPT-2 calls `cache.update(key, value, layer_idx, kwargs=...)`
+* a `Cache` subclass, `PagedKVCache`: the model calls `cache.update(key, value, layer_idx, kwargs=...)`
   in every layer; our layer writes the new keys and values into its paged storage at the slots the
   model runner computed (`write_to_cache`) and hands back the whole storage;
-* an attention function registered with `AttentionInterface.register`: GPT-2 calls it with the
+* an attention function registered with `AttentionInterface.register`: the model calls it with the
   query and what `update` returned, plus every extra keyword argument given to the model's forward
   (`block_tables`, `seq_lens`, `query_start_loc`), and it runs paged attention.
 
 The model runner flattens a scheduler batch into one row of T tokens (batch dimension 1, the
-"packed" layout of vLLM and nano-vllm), so the model needs no padding.
+"packed" layout of vLLM and nano-vllm), so the model needs no padding. The storage's shapes come from
+the model's config (`kv_cache_spec`): a Llama model stores its KV heads only (grouped-query attention),
+and its keys arrive in `update` already rotated by RoPE at their true positions (the runner passes
+position_ids), so they are cached rotated and never touched again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvcourse import attention
 from kvcourse.backends.fast import FastAttentionMetadata, fast_paged_attention
+from kvcourse.models.spec import kv_cache_spec
 
 # The names under which our attention functions are registered with transformers.
 ATTENTION_IMPLEMENTATIONS = {
@@ -55,7 +59,7 @@ class AttentionTimer:
 
 
 class PagedCacheLayer(CacheLayerMixin):
-    """One layer's paged K/V storage, [num_blocks, block_size, H, D] each, shared by every request."""
+    """One layer's paged K/V storage, [num_blocks, block_size, KVH, D] each, shared by every request."""
 
     is_sliding = False
 
@@ -71,13 +75,13 @@ class PagedCacheLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, kwargs: dict | None = None, **_: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's K/V ([1, H, T, D]) at their slots; return the whole paged storage for attention."""
+        """Write this step's K/V ([1, KVH, T, D]) at their slots; return the whole paged storage for attention."""
         if not kwargs or "slot_mapping" not in kwargs:
             raise ValueError(
                 "PagedKVCache needs the forward keyword slot_mapping (and block_tables, seq_lens, "
                 "query_start_loc): run the model through kvcourse's ModelRunner, not model.generate()."
             )
-        new_keys, new_values = (x[0].transpose(0, 1) for x in (key_states, value_states))  # [T, H, D]
+        new_keys, new_values = (x[0].transpose(0, 1) for x in (key_states, value_states))  # [T, KVH, D]
         attention.write_to_cache(new_keys, new_values, self.keys, self.values, kwargs["slot_mapping"])
         return self.keys, self.values
 
@@ -102,14 +106,14 @@ class PagedKVCache(Cache):
         num_layers: int,
         num_blocks: int,
         block_size: int,
-        num_heads: int,
+        num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        if min(num_layers, num_blocks, block_size, num_heads, head_dim) <= 0:
-            raise ValueError("num_layers, num_blocks, block_size, num_heads and head_dim must all be positive.")
-        shape = (num_blocks, block_size, num_heads, head_dim)
+        if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) <= 0:
+            raise ValueError("num_layers, num_blocks, block_size, num_kv_heads and head_dim must all be positive.")
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
         layers = [
             PagedCacheLayer(
                 torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
@@ -121,15 +125,15 @@ class PagedKVCache(Cache):
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> PagedKVCache:
-        """Storage shaped for a GPT-2 model, in its dtype and on its device."""
-        config = model.config
+        """Storage shaped for the model's config (layers, KV heads, head size), in its dtype and on its device."""
+        spec = kv_cache_spec(model.config)
         parameter = next(model.parameters())
         return cls(
-            config.n_layer,
+            spec.num_layers,
             num_blocks,
             block_size,
-            config.n_head,
-            config.n_embd // config.n_head,
+            spec.num_kv_heads,
+            spec.head_dim,
             dtype=parameter.dtype,
             device=parameter.device,
         )
@@ -162,15 +166,16 @@ def paged_attention_forward(
     slot_mapping: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
-    """GPT-2's attention over the paged cache: decode-only steps take the decode kernel, mixed ones the varlen form.
+    """The model's attention over the paged cache: decode-only steps take the decode kernel, mixed ones the varlen form.
 
-    query is [1, H, T, D]; key and value are the layer's paged storage (what PagedCacheLayer.update
-    returned). Returns [1, T, H, D], as transformers expects. The fast backend reads the step's
+    query is [1, H, T, D]; key and value are the layer's paged storage, [num_blocks, block_size, KVH, D]
+    (what PagedCacheLayer.update returned; KVH < H under grouped-query attention). Returns [1, T, H, D],
+    as transformers expects. The fast backend reads the step's
     FastAttentionMetadata (built once per step by the runner; here when it did not).
-    Before transformers 5.24, GPT-2 knew no `cache` argument: `cache` then arrives here as a plain
+    Before transformers 5.24, the models knew no `cache` argument: `cache` then arrives here as a plain
     keyword, key and value are this step's own, and this function writes them into the paged storage.
     """
-    if isinstance(cache, PagedKVCache):  # transformers < 5.24: GPT-2 did not call our update(); do it here
+    if isinstance(cache, PagedKVCache):  # transformers < 5.24: the model did not call our update(); do it here
         key, value = cache.layers[module.layer_idx].update(key, value, kwargs={"slot_mapping": slot_mapping})
     if key.dim() != 4 or block_tables is None or seq_lens is None or query_start_loc is None:
         raise ValueError(

@@ -30,9 +30,12 @@ E0, E1, E2, E3, E4, E4E, E5, E7 = (
 CLAUSES: dict[str, list[tuple[str, str]]] = {
     "0.1": [
         ("the bytes of ONE token's keys AND values", f"{E0}::test_gpt2_small_fp16"),
-        ("over all _num_layers(config) layers", f"{E0}::test_gpt2_xl_fp16"),
-        ("_kv_width(config) elements per vector (grouped-query attention)",
-         f"{E0}::test_grouped_query_attention_stores_fewer_heads"),
+        ("over all spec.num_layers layers", f"{E0}::test_gpt2_xl_fp16"),
+        ("for each KV head, not every query head (grouped-query attention)",
+         f"{E0}::test_smollm2_caches_its_kv_heads_only"),
+        ("... one KV head under multi-query attention", f"{E0}::test_multi_query_attention_caches_one_head"),
+        ("vectors of spec.head_dim numbers (not the hidden size over the heads)",
+         f"{E0}::test_head_size_comes_from_the_config_not_the_hidden_size"),
         ("each number _bytes_per_element(dtype) bytes", f"{E0}::test_bytes_scale_with_dtype"),
         ("a whole number of bytes (an int)", f"{E0}::test_the_byte_count_is_an_int"),
     ],
@@ -353,6 +356,8 @@ CLAUSES: dict[str, list[tuple[str, str]]] = {
         ("out[b] is attention over the first seq_lens[b] keys and values",
          f"{E5}::test_paged_decode_attention_equals_dense_attention"),
         ("with the given scale", f"{E5}::test_paged_decode_attention_uses_the_scale"),
+        ("query head h reads KV head h // (H // KVH) (grouped-query attention)",
+         f"{E5}::test_paged_decode_attention_with_grouped_query_heads"),
         ("computed in float32, stored in out's dtype", f"{E5}::test_paged_decode_attention_accumulates_in_float32"),
         ("a softmax that holds for scores far from zero", f"{E5}::test_paged_decode_attention_with_scores_far_from_zero"),
     ],
@@ -360,6 +365,7 @@ CLAUSES: dict[str, list[tuple[str, str]]] = {
         ("row i attends to positions 0 .. seq_len - L + i, itself included",
          f"{E5}::test_paged_attention_fresh_prefill_is_causal"),
         ("a chunk sees its cached prefix", f"{E5}::test_paged_attention_mixes_chunks_and_decodes"),
+        ("head h reads KV head h // (H // KVH)", f"{E5}::test_paged_attention_with_grouped_query_heads"),
         ("float32, stored in the query's dtype", f"{E5}::test_paged_attention_accumulates_in_float32"),
     ],
     "5.4": [
@@ -367,6 +373,8 @@ CLAUSES: dict[str, list[tuple[str, str]]] = {
          f"{E5}::test_triton_kernel_equals_dense_attention"),
         ("the running max starts at -inf (scores far below zero)", f"{E5}::test_triton_kernel_equals_dense_attention"),
         ("float32 accumulation, stored in out's dtype (fp16)", f"{E5}::test_triton_kernel_equals_dense_attention"),
+        ("KV head head // QUERIES_PER_KV; lanes past HEAD_DIM masked (SmolLM2's shapes, head size 80)",
+         f"{E5}::test_triton_kernel_equals_dense_attention"),
         ("compiles for real GPUs (one type per loop variable, constexpr shapes)",
          f"{E5}::test_triton_kernel_compiles_for_gpus"),
     ],
@@ -431,7 +439,7 @@ CLAUSES: dict[str, list[tuple[str, str]]] = {
 
 # sha256 (first 12 hex digits) of each exercise's instruction comments, as its rows were written.
 CONTRACT_DIGESTS: dict[str, str] = {
-    "0.1": "bd498d7ee8f9",
+    "0.1": "61149c680054",
     "0.2": "fcd284f22a8b",
     "1.1": "bb57fa045f12",
     "2.1": "903d0fb22887",
@@ -455,9 +463,9 @@ CONTRACT_DIGESTS: dict[str, str] = {
     "4.6": "e254384ea454",
     "4.7": "3e7ba33dea0f",
     "5.1": "9cd1874f342b",
-    "5.2": "1da415fc2e47",
-    "5.3": "e528b57ec7c6",
-    "5.4": "9d2c5cae51e3",
+    "5.2": "5ce5e162bb53",
+    "5.3": "c2d9fee47b73",
+    "5.4": "6cf5aa8ec8d2",
     "5.5": "c9cdd133c483",
     "7.1": "410957e8834f",
     "7.2": "0a287d8b79c6",

@@ -35,12 +35,48 @@ def test_bytes_scale_with_dtype(dtype):
     )
 
 
+# SmolLM2-135M-Instruct's shapes (its config, written out: the model itself is not needed).
+SMOLLM2 = dict(
+    num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+    intermediate_size=1536, vocab_size=49_152, max_position_embeddings=8192,
+)  # fmt: skip
+
+
+@pytest.mark.ex0_1
+def test_smollm2_caches_its_kv_heads_only():
+    got = kv_bytes_per_token(LlamaConfig(**SMOLLM2), torch.float16)
+    assert type(got) is int, f"kv_bytes_per_token should return a plain int, not {type(got).__name__}"
+    mha = 2 * 30 * 576 * 2  # what caching all 9 query heads (the hidden size) would take: 69,120
+    assert got != mha, (
+        "SmolLM2 uses grouped-query attention: 9 query heads share 3 KV heads, and only the KV heads are "
+        "cached. Count spec.num_kv_heads x spec.head_dim per layer, not the hidden size"
+    )
+    assert got == 2 * 30 * 3 * 64 * 2, "SmolLM2 in fp16 came out wrong: K and V, 30 layers, 3 KV heads of 64, 2 bytes"
+
+
 @pytest.mark.ex0_1
 def test_grouped_query_attention_stores_fewer_heads():
     config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=8, num_key_value_heads=2)
     got = kv_bytes_per_token(config, torch.float16)
     assert type(got) is int, f"kv_bytes_per_token should return a plain int, not {type(got).__name__}"
-    assert got == 2 * 2 * 16 * 2, "with grouped-query attention only the K/V heads are cached: use _kv_width(config)"
+    assert got == 2 * 2 * 2 * 8 * 2, (
+        "with grouped-query attention only the KV heads are cached (here 2 of 8 heads of 8 numbers each)"
+    )
+
+
+@pytest.mark.ex0_1
+def test_multi_query_attention_caches_one_head():
+    config = LlamaConfig(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=1)
+    got = kv_bytes_per_token(config, torch.float32)
+    assert got == 2 * 4 * 1 * 32 * 4, "multi-query attention caches ONE KV head per layer, whatever the query heads"
+
+
+@pytest.mark.ex0_1
+def test_head_size_comes_from_the_config_not_the_hidden_size():
+    # Some models set head_dim independently: 4 heads of 32 on a hidden size of 96 (not 96 // 4 = 24).
+    config = LlamaConfig(num_hidden_layers=3, hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    got = kv_bytes_per_token(config, torch.bfloat16)
+    assert got == 2 * 3 * 2 * 32 * 2, "use the config's head size (spec.head_dim), not hidden_size // heads"
 
 
 @pytest.mark.ex0_2

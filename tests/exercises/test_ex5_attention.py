@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ----------------------------------------------------------------------------- helpers (independent of the exercises)
 def make_paged(lengths: list[int], block_size: int, heads: int = 2, head_dim: int = 8, seed: int = 0, spare: int = 3):
-    """Random K/V for sequences of these lengths, stored in shuffled blocks; also the contiguous originals."""
+    """Random K/V (`heads` KV heads) for sequences of these lengths, stored in shuffled blocks; also the originals."""
     gen = torch.Generator().manual_seed(seed)
     needed = [math.ceil(n / block_size) for n in lengths]
     num_blocks = sum(needed) + spare
@@ -44,7 +44,11 @@ def make_paged(lengths: list[int], block_size: int, heads: int = 2, head_dim: in
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> torch.Tensor:
-    """Plain attention of q [L, H, D] over k, v [S, H, D]; causal with query i at position offset + i."""
+    """Plain attention of q [L, H, D] over k, v [S, KVH, D]; causal with query i at position offset + i.
+
+    Grouped-query attention: query head h reads KV head h // (H // KVH) (KVH == H: one each)."""
+    kv_of_head = [h // (q.shape[1] // k.shape[1]) for h in range(q.shape[1])]
+    k, v = k[:, kv_of_head], v[:, kv_of_head]
     scores = torch.einsum("lhd,shd->hls", q, k) / math.sqrt(q.shape[-1])
     if causal_offset is not None:
         pos_q = torch.arange(q.shape[0])[:, None] + causal_offset
@@ -52,10 +56,12 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_of
     return torch.einsum("hls,shd->lhd", torch.softmax(scores, -1), v)
 
 
-def decode_case(block_size: int, lengths: list[int], seed: int = 0):
-    """Arguments for a decode step and its dense answer."""
-    key_cache, value_cache, tables, keys, values = make_paged(lengths, block_size, seed=seed)
-    query = torch.randn(len(lengths), 2, 8, generator=torch.Generator().manual_seed(seed + 1))
+def decode_case(
+    block_size: int, lengths: list[int], seed: int = 0, heads: int = 2, kv_heads: int = 2, head_dim: int = 8
+):
+    """Arguments for a decode step and its dense answer (heads query heads over kv_heads cached heads)."""
+    key_cache, value_cache, tables, keys, values = make_paged(lengths, block_size, kv_heads, head_dim, seed=seed)
+    query = torch.randn(len(lengths), heads, head_dim, generator=torch.Generator().manual_seed(seed + 1))
     expected = torch.stack(
         [dense_attention(query[b : b + 1], keys[b], values[b], None)[0] for b in range(len(lengths))]
     )
@@ -160,6 +166,18 @@ def test_paged_decode_attention_uses_the_scale():
     assert not torch.allclose(plain, scaled), "the scale argument had no effect on the result"
 
 
+@pytest.mark.ex5_2
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 3), (4, 1)], ids=["4-on-2", "6-on-3", "multi-query"])
+def test_paged_decode_attention_with_grouped_query_heads(heads, kv_heads):
+    args, expected = decode_case(3, [2, 7, 11], seed=6, heads=heads, kv_heads=kv_heads)
+    got = attention.paged_decode_attention(*args)
+    assert got.shape == expected.shape, f"the output should have the query's shape [B, H, D] = {tuple(expected.shape)}"
+    assert torch.allclose(got, expected, atol=1e-5), (
+        f"with {heads} query heads on {kv_heads} cached KV heads (grouped-query attention), query head h must read "
+        f"KV head h // {heads // kv_heads}: heads 0..{heads // kv_heads - 1} share KV head 0, and so on"
+    )
+
+
 def low_precision_case(dtype: torch.dtype, seq_len: int = 64, seed: int = 8):
     """One decode over a long sequence in a `dtype` cache, and its answer computed in float32 from the same numbers."""
     gen = torch.Generator().manual_seed(seed)
@@ -236,10 +254,12 @@ def test_gather_kv_never_reads_the_padding():
 
 
 # ----------------------------------------------------------------------------- 5.3
-def mixed_case(block_size: int, lengths: list[int], chunks: list[int], seed: int = 2):
+def mixed_case(
+    block_size: int, lengths: list[int], chunks: list[int], seed: int = 2, heads: int = 2, kv_heads: int = 2
+):
     """A mixed batch: sequence b's last chunks[b] tokens are the queries; its whole length is cached."""
-    key_cache, value_cache, tables, keys, values = make_paged(lengths, block_size, seed=seed)
-    query = torch.randn(sum(chunks), 2, 8, generator=torch.Generator().manual_seed(seed + 1))
+    key_cache, value_cache, tables, keys, values = make_paged(lengths, block_size, kv_heads, seed=seed)
+    query = torch.randn(sum(chunks), heads, 8, generator=torch.Generator().manual_seed(seed + 1))
     starts = [0]
     for n in chunks:
         starts.append(starts[-1] + n)
@@ -269,6 +289,18 @@ def test_paged_attention_mixes_chunks_and_decodes():
     got = attention.paged_attention(*args)
     assert got.shape == expected.shape, "the output should have the query's shape [T, H, D]"
     assert torch.allclose(got, expected, atol=1e-5), "a chunk must see its cached prefix and, causally, itself"
+
+
+@pytest.mark.ex5_3
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 1)], ids=["4-on-2", "multi-query"])
+def test_paged_attention_with_grouped_query_heads(heads, kv_heads):
+    args, expected = mixed_case(3, [10, 7, 4], [4, 1, 4], heads=heads, kv_heads=kv_heads)
+    got = attention.paged_attention(*args)
+    assert got.shape == expected.shape, f"the output should have the query's shape [T, H, D] = {tuple(expected.shape)}"
+    assert torch.allclose(got, expected, atol=1e-5), (
+        f"with {heads} query heads on {kv_heads} cached KV heads, query head h of a chunk must read KV head "
+        f"h // {heads // kv_heads} (grouped-query attention)"
+    )
 
 
 @pytest.mark.ex5_3
@@ -320,6 +352,9 @@ TRITON_CASE_WORDS = {
     "block1": "blocks of one token",
     "far_below_zero": "every score far below zero (start the running max at -inf: exp(score - 0.0) underflows to 0)",
     "fp16": "a float16 cache (load as float32, accumulate in float32, store in out's dtype)",
+    "smollm2": "SmolLM2's shapes: 9 query heads on 3 KV heads of 64 numbers (query head h reads KV head "
+    "h // QUERIES_PER_KV), blocks of 16",
+    "mqa_d80": "4 query heads on ONE KV head of 80 numbers (HEAD_DIM is not a power of two: mask d < HEAD_DIM)",
 }
 
 
@@ -351,6 +386,8 @@ def triton_results():
     """Run every case through the learner's kernel in one fresh process with TRITON_INTERPRET=1 set first."""
     cases = {name: decode_case(bs, lengths, seed=5) for name, (bs, lengths) in TRITON_CASES.items()}
     cases["far_below_zero"], cases["fp16"] = far_below_zero_case(), fp16_case()
+    cases["smollm2"] = decode_case(16, [5, 20], seed=11, heads=9, kv_heads=3, head_dim=64)
+    cases["mqa_d80"] = decode_case(3, [8, 2], seed=12, heads=4, kv_heads=1, head_dim=80)
     with tempfile.TemporaryDirectory() as tmp:
         torch.save({name: args for name, (args, _) in cases.items()}, f"{tmp}/in.pt")
         env = {**os.environ, "TRITON_INTERPRET": "1"}
