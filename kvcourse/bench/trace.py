@@ -233,7 +233,7 @@ def report(result: dict) -> str:
         f"hit rate: {result['definition']}",
         f"{'cache (tokens)':>15}  " + "  ".join(f"{name:>12}" for name in names),
     ]
-    for capacity in result["traces"][names[0]]["hit_rate"]:
+    for capacity in sorted(result["traces"][names[0]]["hit_rate"], key=int):  # JSON keys come back sorted as text
         row = "  ".join(f"{result['traces'][name]['hit_rate'][capacity]:>12.1%}" for name in names)
         lines.append(f"{_tokens(int(capacity)):>15}  {row}")
     lines.append(f"{'infinite':>15}  " + "  ".join(f"{result['traces'][n]['max_hit_rate']:>12.1%}" for n in names))
@@ -263,7 +263,7 @@ def report(result: dict) -> str:
         lines.append(f"eviction policies: skipped ({eviction['not_written']})")
     else:
         policies = eviction["hit_rate"]
-        capacities = list(next(iter(policies.values())))
+        capacities = sorted(next(iter(policies.values())), key=int)
         lines.append(f"eviction policies on the {eviction['trace']} trace (hit rate):")
         lines.append(f"{'cache (tokens)':>15}  " + "  ".join(f"{p:>8}" for p in policies))
         for capacity in capacities:
