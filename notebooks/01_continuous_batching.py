@@ -27,7 +27,7 @@
 # your guess and run it (it is graded on the scoreboard, beside the exercises). Notebook 02 fixes the
 # blind spot.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -106,6 +106,7 @@ print(inspect.getsource(toy.BlindStallFreeScheduler.schedule_next_batch))
 # the first chunk of a newcomer.
 
 # %%
+# Figure: One iteration's batch for a budget of 32 tokens: three decodes, the rest of a chunked prompt and a newcomer's first chunk.
 diagrams.iteration_batch()
 
 # %% [markdown]
@@ -127,6 +128,7 @@ diagrams.iteration_batch()
 # of notebook 08.
 
 # %%
+# Figure: The engine's step loop: schedule, execute, update; a failing phase fails only the requests it touched.
 diagrams.engine_step_loop()
 
 # %% [markdown]
@@ -173,7 +175,7 @@ answer("1.a", None)
 # slicing prompts into chunks and interleaving requests changes nothing, because every token is
 # computed from the full context in the cache.
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 same = all(r.output_tokens == toy.toy_generate(r.prompt_tokens, r.max_new_tokens) for r in requests)
 print("outputs equal to generating each request alone:", same)
 
@@ -184,6 +186,7 @@ print("outputs equal to generating each request alone:", same)
 # keep decoding (chunked prefill).
 
 # %%
+# Figure: Timeline of the toy run: each row a request, prefill and decode iterations, a tick where it finished.
 viz.plot_timeline(trace)
 plt.tight_layout()
 plt.show()
@@ -206,13 +209,14 @@ answer("1.b", None)
 # %% [markdown]
 # Here is what the plan needs at each iteration.
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 CAPACITY_TOKENS = 48 * 16
 
 for step in trace.steps[:70:6]:
     print(f"iteration {step.iteration:>3}  {viz.memory_meter(step.resident_tokens, CAPACITY_TOKENS)}")
 
 # %%
+# Figure: KV tokens the plan holds at each iteration, against the cache's capacity.
 viz.plot_memory(trace, CAPACITY_TOKENS)
 plt.tight_layout()
 plt.show()

@@ -38,7 +38,7 @@
 # After each exercise, run its `check(...)` cell. Stuck? `hint("2.1")` nudges, `hint("2.1", level=2)`
 # gives the approach in words, and `solution("2.1")` shows the reference.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -111,6 +111,7 @@ from kvcourse.viz import diagrams
 # Each step, three parties talk:
 
 # %%
+# Figure: The three parties of a step: the scheduler plans, the KV-cache manager allocates, the executor runs the plan.
 diagrams.scheduler_cache_executor()
 
 # %% [markdown]
@@ -143,6 +144,7 @@ print(
 print(KVCacheBlocks([7, 1, 4]), "->", KVCacheBlocks([7, 1, 4]).get_block_ids())
 
 # %%
+# Figure: A block table: a request's tokens in blocks 7, 1 and 4 of a pool of 10; token p in block table[p // 4], slot p % 4.
 diagrams.block_table([7, 1, 4], num_tokens=10, block_size=4, pool=10)
 
 # %% [markdown]
@@ -214,7 +216,7 @@ answer("2.a", None)
 # Here is its arithmetic:
 
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def lesson_blocks_to_allocate(held_blocks, tokens_processed, num_tokens_to_alloc, block_size):
     """The source lesson's mock: room left in the last block, guessed from tokens_processed."""
     current_tokens = held_blocks * block_size
@@ -530,7 +532,8 @@ def steady_stream(scheduler_class, arrival_steps=150):
 # %%
 answer("2.b", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
+# Figure: Skip-ahead scheduling: a stream of small requests keeps every block busy and the 40-token request waits.
 done, trace = steady_stream(SkipAheadScheduler)
 small_done = sum(len(step.finished) for step in trace.steps if step.iteration < done)
 print(f"skip-ahead: the 40-token request finished in step {done} of {len(trace.steps)};")
@@ -699,7 +702,7 @@ check("2.8")
 # %%
 answer("2.c", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 scheduler = StallFreeScheduler(token_budget=64, max_batch_size=4, kv_cache_manager=MockKVCacheManager(**TIGHT_CACHE))
 requests = tight_workload()
 for request in requests:
@@ -716,6 +719,7 @@ print(
 )
 
 # %%
+# Figure: Tight memory with preemption: the timeline (x: preempted, then recomputed) and the blocks in use at each step.
 fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.2), height_ratios=[1.3, 1])
 viz.plot_timeline(trace, ax=top, title="Tight memory with preemption (x: preempted, then recomputed)")
 viz.plot_memory(trace, capacity_tokens=12 * 8, ax=bottom, title="KV memory in use never exceeds the cache")

@@ -24,7 +24,7 @@
 # `hint("3.1")` gives a nudge, `hint("3.1", level=2)` the approach in words, and `solution("3.1")` the
 # reference code if you are stuck.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -88,6 +88,7 @@ from kvcourse.viz.widgets import BlockTableWidget, record_run
 # goal).
 
 # %%
+# Figure: The same requests' KV memory reserved contiguously against in blocks: paging wastes at most a block's tail per request.
 BLOCK = 4  # tokens per block when paged
 WRITTEN = {"A": 9, "C": 5, "D": 18}  # tokens each request has written when D arrives
 diagrams.fragmentation(WRITTEN, block_size=BLOCK)
@@ -123,6 +124,7 @@ print(f"paged:      the most a request can ever waste is block_size - 1 = {BLOCK
 # list needs no special case. Unlinking a block rewires its two neighbours: O(1), no scan.
 
 # %%
+# Figure: Removing a block from the doubly linked free queue: its two neighbours are rewired, in O(1), without a scan.
 diagrams.free_queue_remove()
 
 # %% [markdown]
@@ -248,7 +250,7 @@ check("3.2")
 # %%
 answer("3.a", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 manager = KVCacheManager(num_blocks=6, block_size=4)
 request = Request(id=0, prompt_tokens=list(range(10)), max_new_tokens=6)
 new = manager.allocate_slots(request, 10)  # prefill: ceil(10 / 4) = 3 blocks
@@ -405,8 +407,8 @@ BlockTableWidget(big_snapshots, step=busiest, interval_ms=300)
 # %%
 answer("3.b", None)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["nbval-ignore-output", "hide-output"]
+# Figure: Allocator cost per block as the pool grows from a thousand to a million blocks: the paged pool against the baselines.
 import contextlib
 import io
 

@@ -29,7 +29,7 @@
 # parallel sampling saves with fork. Last, real traffic: one hour of a production chatbot's requests
 # through your cache, the hit rate against the cache's size, and which block to evict (4.7).
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -85,6 +85,7 @@ from kvcourse.viz.widgets import BlockTableWidget, Recorder, record_run, snapsho
 #   first** (copy-on-write, section 6).
 
 # %%
+# Figure: Two requests' block tables sharing the blocks of their common prompt prefix; each has its own last blocks.
 diagrams.block_tables(
     [("request A", [0, 1, 2]), ("request B", [0, 1, 3, 4])],
     6,
@@ -117,6 +118,7 @@ diagrams.block_tables(
 # > its key is the tokens alone.
 
 # %%
+# Figure: The hash chain: each full block's hash covers its parent's hash and its own tokens, so it names the whole prefix.
 diagrams.hash_chain()
 
 # %% [markdown]
@@ -221,7 +223,7 @@ check("4.2")
 # %%
 answer("4.a", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 manager = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
 a = Request(id=0, prompt_tokens=list(range(100, 118)), max_new_tokens=4)  # 18 tokens: 4 full blocks
 manager.allocate_slots(a, a.num_tokens)  # admitted: full blocks published
@@ -285,6 +287,7 @@ check("4.3")
 # its head: the head (say, a system prompt everyone shares) survives longest.
 
 # %%
+# Figure: Eviction order of the free queue: the longest-free blocks first, and a finished request's tail before its head.
 diagrams.eviction_order()
 
 # %% [markdown]
@@ -342,6 +345,7 @@ check("4.4")
 # forward pass. The last holder left writes in place: nobody else reads the block any more.
 
 # %%
+# Figure: Copy-on-write: a shared block is copied before a holder writes into it; the last holder writes in place.
 diagrams.copy_on_write()
 
 # %% [markdown]
@@ -429,7 +433,7 @@ check("4.6")
 answer("4.b", None)
 
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def shared_prompt_workload(seed=0, num_requests=24, system_prompt_len=64):
     """Requests that all start with the same system prompt, then their own question."""
     rng = random.Random(seed)
@@ -533,7 +537,7 @@ BlockTableWidget(shared_snapshots, step=most_shared, interval_ms=400)
 answer("4.c", None)
 
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def sample_in_parallel(prompt, n, num_new_tokens, share, block_size=8):
     """n samples of one prompt, forked from one prefill or not; returns (blocks held, each sample's tokens)."""
     manager = KVCacheManager(num_blocks=1024, block_size=block_size)
@@ -571,6 +575,7 @@ for num_new_tokens in lengths:
     print(f"{num_new_tokens:>10} {shared:>7} {separate:>9} {savings[-1]:>6.1%}  {shared_out == separate_out}")
 
 # %%
+# Figure: Memory saved by sharing the prompt across parallel samples, against the tokens each sample generates.
 fig, ax = plt.subplots(figsize=(6, 3.2))
 ax.plot(lengths, [100 * s for s in savings], "o-", label="fork + copy-on-write (this notebook)")
 ax.axhspan(16.2, 30.5, color="#e15759", alpha=0.2, label="vLLM paper, parallel sampling (ShareGPT)")
@@ -661,7 +666,7 @@ for i, j in [(0, 1), (1, 2)]:
 # %%
 answer("4.d", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 from kvcourse.bench.trace import PAPER_CACHE_RATIO, hit_rate_curve, paper_statements
 
 CAPACITIES = (10**4, 10**5, 10**6, 3 * 10**6, 10**7, 3 * 10**7, 5 * 10**7, 10**8, 10**9)  # tokens
@@ -677,8 +682,9 @@ print(f"{'paper, Table 2':>15} {PAPER_CACHE_RATIO['conversation']:>13.0%} {PAPER
 
 # %% [markdown]
 # **A GPU's worth.** How many tokens of KV cache fit on one 80 GB GPU? Your `kv_bytes_per_token`
-# (exercise 0.1) gives the bytes per token; the budget is what vLLM would give the cache: 90% of the
-# memory (its default `gpu_memory_utilization`) less the fp16 weights. Two models: GPT-2 small (124M
+# (exercise 0.1) gives the bytes per token; the budget is what vLLM would give the cache: 92% of the
+# memory (vLLM 0.33's default `gpu_memory_utilization`, `VLLM_GPU_MEMORY_UTILIZATION` in
+# `kvcourse/bench/trace.py`) less the fp16 weights. Two models: GPT-2 small (124M
 # parameters) and an 8B model shaped like Llama 3 8B (32 layers, 8 KV heads of 128: grouped-query
 # attention). Then both capacities are replayed and placed on the curve.
 
@@ -686,7 +692,7 @@ print(f"{'paper, Table 2':>15} {PAPER_CACHE_RATIO['conversation']:>13.0%} {PAPER
 import torch
 from transformers import GPT2Config, LlamaConfig
 
-from kvcourse.bench.trace import capacity_blocks, replay, trace_requests
+from kvcourse.bench.trace import VLLM_GPU_MEMORY_UTILIZATION, capacity_blocks, replay, trace_requests
 from kvcourse.memory import kv_bytes_per_token
 from kvcourse.viz.plots import plot_hit_rate_curve
 
@@ -694,7 +700,7 @@ llama_8b = LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_hea
 gpu_bytes, chat_requests, gpu_tokens, gpu_replays = 80e9, trace_requests(chat), {}, {}
 for label, config, parameters in [("GPT-2 small", GPT2Config(), 124e6), ("8B model", llama_8b, 8.03e9)]:
     per_token = kv_bytes_per_token(config, torch.float16)
-    tokens = int((0.9 * gpu_bytes - 2 * parameters) // per_token)
+    tokens = int((VLLM_GPU_MEMORY_UTILIZATION * gpu_bytes - 2 * parameters) // per_token)
     gpu_replays[label] = replay(chat, chat_requests, capacity_blocks(tokens))
     rate = gpu_replays[label].hit_rate
     gpu_tokens[f"80 GB, {label}"] = tokens
@@ -704,6 +710,7 @@ for label, config, parameters in [("GPT-2 small", GPT2Config(), 124e6), ("8B mod
     )
 
 # %%
+# Figure: Prefix hit rate on the Mooncake traces against cache capacity in tokens, with one 80 GB GPU's worth marked.
 fig, ax = plt.subplots(figsize=(8, 4))
 plot_hit_rate_curve(curves, maxima, PAPER_CACHE_RATIO, marks={"3M": 3 * 10**6, "50M": 5 * 10**7, **gpu_tokens}, ax=ax)
 fig.tight_layout()
@@ -801,16 +808,17 @@ check("4.7")
 # %%
 answer("4.e", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 from kvcourse.eviction import POLICIES
 
 eviction_capacities = (10**6, 10**7)
-print(f"{'cache (tokens)':>15} " + " ".join(f"{policy:>7}" for policy in POLICIES))
+print(f"{'cache (tokens)':>15} " + " ".join(f"{policy:>7}" for policy in POLICIES) + "  FIFO behind LRU")
 for capacity in eviction_capacities:
     rates = [curves["conversation"][capacity]]  # LRU, your BlockPool: the curve above already replayed it
     for pool in list(POLICIES.values())[1:]:
         rates.append(replay(chat, chat_requests, capacity_blocks(capacity), pool_class=pool).hit_rate)
-    print(f"{capacity:>15,} " + " ".join(f"{rate:>7.1%}" for rate in rates))
+    behind = 100 * (rates[0] - rates[1])  # percentage points, from the exact rates (not the rounded ones)
+    print(f"{capacity:>15,} " + " ".join(f"{rate:>7.1%}" for rate in rates) + f"  {behind:>8.1f} points")
 
 # %% [markdown]
 # No policy wins everywhere. At 1 million tokens LFU comes out ahead: a cache that remembers about
@@ -819,7 +827,8 @@ for capacity in eviction_capacities:
 # half a minute. At 10 million tokens LFU falls far behind. Its key puts every block just computed
 # (shared zero times) first in line, so a conversation's newest turn is evicted before anything that
 # was ever hit, though it is the prefix that conversation's next turn asks for; and a count never
-# decays, so blocks popular early in the hour stay. FIFO loses 0.1 to 3.3 points to LRU: it ignores
+# decays, so blocks popular early in the hour stay. FIFO loses 0.1 to 3.3 points to LRU (the last column,
+# from the exact rates: subtracting the rounded ones can differ by a tenth): it ignores
 # what a hit says, that a prefix is still in use. vLLM keeps LRU (its free queue, a request's tail first, as
 # you built). And what moves the curve most is capacity: a few points between policies at one size,
 # 24 points between 1 and 10 million tokens. `with_policy(KVCacheManager(...), FIFOBlockPool)` plugs a

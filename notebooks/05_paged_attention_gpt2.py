@@ -21,7 +21,7 @@
 # every token equals what Hugging Face's `model.generate(do_sample=False)` produces, also when memory
 # is tight enough to force preemptions and when prefix caching shares blocks.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -95,7 +95,8 @@ from kvcourse import answer
 
 answer("5.a", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
+# Figure: The paged KV cache from above: requests A, B and C's blocks scattered in a pool of 12 blocks of 4 tokens.
 block_size, num_blocks = 4, 12
 tables = {"A": [3, 8], "B": [0, 5, 10], "C": [6]}  # block tables, from the KV-cache manager
 lengths = {"A": 7, "B": 10, "C": 3}  # tokens each request has in the cache
@@ -194,7 +195,8 @@ check("5.2")
 # %%
 answer("5.b", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
+# Figure: Which keys each query of a 4-token chunk may see after a cached prefix of 6: the prefix fully, the chunk causally.
 seq_len, chunk = 10, 4
 query_pos = torch.arange(seq_len - chunk, seq_len)[:, None]
 allowed = torch.arange(seq_len)[None, :] <= query_pos
@@ -352,8 +354,8 @@ check("5.5")
 # (Exercises 5.1–5.3); the engine's default, `"fast"`, is the vectorised backend that benchmarks and
 # the server use (notebook 06 compares the two).
 
-# %%
-# NBVAL_IGNORE_OUTPUT  (pretrained online, random offline: the decoded text differs)
+# %% tags=["nbval-ignore-output"]
+# (pretrained online, random offline: the decoded text differs)
 tokenizer = load_tokenizer()
 gpt2 = load_gpt2("gpt2")
 prompts = [tokenizer.encode(p) for p in LESSON_PROMPTS]
@@ -481,8 +483,8 @@ for name, kwargs in settings.items():
 # | (no GPU run recorded yet) | | | | |
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT  (timings; and the device differs between machines)
+# %% tags=["nbval-ignore-output"]
+# (timings; and the device differs between machines)
 def time_ms(fn, repeats=20):
     """Median time of fn() in milliseconds, measured with CUDA events."""
     fn()

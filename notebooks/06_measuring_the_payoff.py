@@ -26,7 +26,7 @@
 # `--reference` on the command line): it then runs in a separate process, and this kernel's modules and
 # environment stay as they are. (The stored outputs were made with `KVCOURSE_SOLUTIONS=1`.)
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -119,11 +119,12 @@ answer("6.c", None)
 # %% [markdown]
 # Now the study.
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 mem = memory.run(quick=True)  # 300 requests, seed 0: the same numbers on every machine
 memory.print_table(mem, show_device=False)
 
 # %%
+# Figure: Share of reserved KV memory holding token states for each allocation scheme (the memory study).
 memory.plot_breakdown(mem)
 plt.show()
 
@@ -187,13 +188,12 @@ print(
 # mostly how much padding and per-step overhead each engine carries. Serving's real gains (bigger
 # batches in the same memory, at GPU speed) need a GPU: see section 5.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 tp = throughput.run(quick=True)
 throughput.print_table(tp)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
+# Figure: Throughput of each system in the quick study, in output tokens per second.
 throughput.plot(tp)
 plt.show()
 
@@ -207,8 +207,8 @@ plt.show()
 # pass (attention apart), attention in every layer, and sampling. The study keeps those timings for
 # each kvcourse system's best round; `other` is what the step loop costs besides.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
+# Figure: Where kvcourse's step time goes: schedule, prepare, forward pass, attention, sample, update, other.
 throughput.print_breakdown(tp)
 throughput.plot_breakdown(tp)
 plt.show()
@@ -224,8 +224,8 @@ plt.show()
 # `time / bound` in the table above is each kvcourse system's wall time over it: 1.0 would be at the
 # machine's limit, and no engine, ours or anyone's, can go below it on this machine.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
+# Figure: Each kvcourse system's time against the machine's roofline bound for the same work (1.0 would be at the limit).
 throughput.print_roofline(tp)
 throughput.plot_roofline(tp)
 plt.show()
@@ -243,6 +243,7 @@ plt.show()
 # versions it ran with).
 
 # %%
+# Figure: The stored full study (GPT-2 small): time against the roofline bound, per system.
 full = json.loads((Path("data") / "cpu_throughput.json").read_text())
 print(f"{full['date']}, " + ", ".join(f"{k} {v}" for k, v in full["versions"].items()))
 throughput.print_table(full)
@@ -290,13 +291,12 @@ plt.show()
 # * `triton`: our Triton kernel, which reads blocks in place through the block table (CUDA only: on a
 #   CPU, Triton's interpreter would time Python, not memory).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 kern = kernel.run(quick=True)
 kernel.print_table(kern)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
+# Figure: Attention kernels' effective bandwidth against context length, next to the measured copy bandwidth.
 kernel.plot(kern)
 plt.show()
 
@@ -318,6 +318,7 @@ plt.show()
 # to read for that half.)
 
 # %%
+# Figure: Block size: the share of memory holding tokens (left) and throughput (right) for blocks of 1 to 128 tokens.
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
 memory.plot_block_sizes(mem, left)
 for size in sorted(int(s.split("-")[1]) for s in mem["utilization"] if s.startswith("paged-")):
@@ -326,8 +327,7 @@ throughput.plot_sweep(tp, right)
 fig.tight_layout()
 plt.show()
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 for size, tps in tp["block_size_sweep"]["tokens_per_s"].items():
     print(f"block size {size:>3}: {tps:,.1f} output tokens/s (kvcourse, reference attention)")
 

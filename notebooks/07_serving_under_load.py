@@ -35,7 +35,7 @@
 # scheduler, the engine loop and every decision are the real ones; only the time each step takes comes
 # from the model, so every output below is the same on every machine.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -63,6 +63,8 @@ if IN_COLAB:
 # %autoreload 2
 
 # %%
+import warnings
+
 import matplotlib.pyplot as plt
 
 from kvcourse import answer, check, hint, solution, toy  # noqa: F401  (hint, solution: for you)
@@ -117,6 +119,7 @@ print(
 )
 
 # %%
+# Figure: Latency distributions (TTFT, TPOT, ITL) of 64 requests arriving at 4 per second.
 serving.plot_latency_distributions(times, "64 requests at 4 per second")
 plt.show()
 
@@ -132,6 +135,7 @@ plt.show()
 # coming, and TTFT climbs steeply. The knee is the highest rate whose p99 TTFT still meets the SLO.
 
 # %%
+# Figure: The latency-throughput knee: p99 TTFT against the arrival rate, with the SLO.
 sweep = serving.rate_sweep((1, 2, 4, 6, 8, 12, 16, 24), 64)
 print(" rate  tok/s  goodput  TTFT p50   p99   TPOT p50   p99")
 for row in sweep:
@@ -160,7 +164,8 @@ plt.show()
 # %%
 answer("7.a", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
+# Figure: The token budget's trade-off: TTFT against inter-token latency as the budget grows from 32 to 512 tokens per step.
 budgets = serving.budget_sweep((32, 64, 128, 256, 512), rate=busy / 2, num_requests=64)  # half the knee rate
 print("budget  TTFT p50   p99   TPOT p99   ITL p99")
 for row in budgets:
@@ -189,7 +194,7 @@ plt.show()
 # %%
 answer("7.b", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 tails = serving.admission_tails(rate=busy, num_requests=64)
 print("admission   long TTFT p50   p99   short TTFT p50   p99   tok/s")
 for name, row in tails.items():
@@ -301,7 +306,7 @@ check("7.3")
 # %%
 answer("7.c", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 h200 = PreemptionCosts(
     kv_bytes_per_token=36_864,
     link_bytes_per_s=64e9,
@@ -314,12 +319,19 @@ print(
 )
 print(f"crossover within 1,024 tokens: {swap_crossover(h200, 1024)}")
 sim = serving.simulated_preemption_costs()
+link = serving.SWAP_LINK  # ASSUMED, not measured: a PCIe 4.0 x16 link's rate and a pessimistic fixed cost per swap
+print(f"the simulated CPU machine: recompute {recompute_seconds(1, sim) * 1e3:.2f} ms per token;")
 print(
-    f"the simulated CPU machine: recompute {recompute_seconds(1, sim) * 1e3:.2f} ms per token; swap over the assumed "
-    f"link {serving.SWAP_LINK}: crossover at {swap_crossover(sim, 1024)} tokens"
+    f"  swap over an assumed link of {link['link_bytes_per_s'] / 1e9:.0f} GB/s plus {link['link_latency_s'] * 1e3:.0f} ms "
+    f"per transfer (pinning, copies, a synchronisation): crossover at {swap_crossover(sim, 1024)} tokens"
 )
 
 # %% [markdown]
+# The last line is the course's simulated CPU machine (`kvcourse.bench.serving`): its link is an assumption, not a
+# measurement (`SWAP_LINK` in `kvcourse/bench/serving.py`): a PCIe 4.0 x16 link's usable 25 GB/s, plus a fixed
+# 20 ms per swap for pinning host memory, one copy per block and layer and a stream synchronisation, a
+# pessimistic guess chosen so that the crossover falls inside GPT-2's prompt lengths and both sides show.
+#
 # At the assumed 400 TFLOP/s, GPT-2 small recomputes a token (0.62 µs) faster than the link moves its
 # K/V out and back (1.15 µs): recompute wins at every context length. That is a **crossover**, not a
 # law. By the same cost model (`swap_seconds`, `recompute_seconds` above), recompute costs
@@ -394,7 +406,9 @@ check("7.5")
 manager = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
 first = Request(0, list(range(1, 14)), 2)
 manager.allocate_slots(first, first.num_tokens)
-print("while R0 holds its blocks:", manager.reset_prefix_cache(), "|", manager.reset_refusal)
+with warnings.catch_warnings():  # the refusal also warns (for a script); here its reason is printed
+    warnings.simplefilter("ignore", UserWarning)
+    print("while R0 holds its blocks:", manager.reset_prefix_cache(), "|", manager.reset_refusal)
 manager.free(first)
 probe = Request(1, list(range(1, 14)), 2)
 print(f"after R0 ends: the same prompt finds {manager.get_computed_blocks(probe)[1]} cached tokens")
@@ -448,7 +462,7 @@ print("reset:", manager.reset_prefix_cache(), f"| now it finds {manager.get_comp
 # %%
 answer("7.d", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 study = serving.trace_prefix_caching(num_requests=600)
 print(f"{study['truncated']} of {study['requests']} prompts cut at {serving.TRACE_MAX_BLOCKS} blocks")
 serving.print_trace_rows(study)

@@ -22,7 +22,7 @@
 # cell that shows the answer: `answer("8.a", None)` says what is asked; replace `None` with your guess
 # and run it (it is graded on the scoreboard, beside the exercises).
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -51,6 +51,7 @@ if IN_COLAB:
 
 # %%
 import json
+import textwrap
 import threading
 import time
 
@@ -103,7 +104,13 @@ server = ServerThread(app).start()
 engine = server.engine_loop.engine  # in-process, so we may also look at the engine object itself
 client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)
 print("serving", [m.id for m in client.models.list().data], "on 127.0.0.1, port chosen by the OS")
-print("health:", {k: v for k, v in httpx.get(server.url + "/health").json().items() if k != "running_ids"})
+health = httpx.get(server.url + "/health").json()  # what GET /health answers (a load balancer polls it)
+print(
+    f"health: {health['status']}; requests running {health['num_running']}, waiting {health['num_waiting']}; "
+    f"KV blocks free {health['num_free_blocks']} of {health['num_blocks']} ({health['block_size']} tokens each, "
+    f"{health['kv_cache_usage']:.0%} in use); preemptions {health['num_preemptions']}, engine steps {health['steps']}; "
+    f"engine loop alive: {health['loop_alive']}, last error: {health['last_error']}"
+)
 
 # %% [markdown]
 # ## 2. One client, one request
@@ -189,8 +196,7 @@ answer("8.b", None)
 # %% [markdown]
 # Now the sixteen clients.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["nbval-ignore-output", "hide-output"]
 prompts = [engine.tokenizer.encode(f"Request {i} asks the server for a story about block {i * 7}.") for i in range(16)]
 lengths = [12 + (7 * i) % 37 for i in range(16)]
 snapshots, running_sizes = [], []
@@ -234,12 +240,11 @@ print(f"free blocks after: {state['num_free_blocks']} of {state['num_blocks']}; 
 # Replay it step by step (the widget from lesson 03, fed by the server's engine thread). Colours are
 # requests; watch a finished request's blocks turn free and a waiting one take them the next step.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 BlockTableWidget(snapshots, step=min(10, len(snapshots) - 1), interval_ms=300)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
+# Figure: Continuous batching through the server: the running set, step by step, as clients come and go.
 fig, ax = plt.subplots(figsize=(8, 2.8))
 ax.stackplot(
     range(1, len(running_sizes) + 1),
@@ -274,7 +279,7 @@ answer("8.c", None)
 # %% [markdown]
 # The counters add up: the two single requests, the two-token SSE request and the sixteen clients.
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 values = parse_metrics(httpx.get(server.url + "/metrics").text)
 for name, labels in (
     ("vllm:num_requests_running", {}),
@@ -289,8 +294,7 @@ for name, labels in (
     print(f"{shown:<62} {metric(values, name, **labels):g}")
 print("every series is labelled like vLLM's:", next(k for k in values if k.startswith("vllm:num_requests_running")))
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 print(f"{'vllm:num_preemptions_total':<62} {metric(values, 'vllm:num_preemptions_total'):g}")
 ttft_sum = metric(values, "vllm:time_to_first_token_seconds_sum")
 print(f"mean TTFT so far: {1000 * ttft_sum / metric(values, 'vllm:time_to_first_token_seconds_count'):.0f} ms")
@@ -385,7 +389,7 @@ answer("8.f", None)
 # %% [markdown]
 # The request, streamed, with a snapshot of the cache taken while its four children run.
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 shared_prompt = list(range(1000, 1040))  # 40 tokens this server has never seen
 hits_before = metric(parse_metrics(httpx.get(server.url + "/metrics").text), "vllm:prefix_cache_hits_total")
 body = {"model": "tiny", "prompt": shared_prompt, "max_tokens": 20, "n": 4, "seed": 3, "stream": True}
@@ -413,8 +417,7 @@ for chunk in chunks:
 for index, text in sorted(texts.items()):
     print(f"choice {index}: {text!r}")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 display(widgets.HTML(render_html(shared_snapshot)))  # the block-table widget: the shared blocks are in four rows
 
 # %% [markdown]
@@ -449,7 +452,8 @@ print(f"greedy:      {greedy_text!r}")
 print(f"stop={stop!r}: {cut.text!r}  finish_reason={cut.finish_reason}")
 lp = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, logprobs=2).choices[0].logprobs
 for token, chosen, top, offset in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
-    print(f"offset {offset:>2} {token!r:<14} logprob {chosen:7.3f}   top 2: {top}")
+    alternatives = ", ".join(f"{t!r} {v:.3f}" for t, v in top.items())  # the 2 likeliest tokens and their logprobs
+    print(f"offset {offset:>2} {token!r:<14} logprob {chosen:7.3f}   top 2: {alternatives}")
 print(f"log-likelihood of the 4 tokens (the sum): {sum(lp.token_logprobs):.3f}")
 
 # %% [markdown]
@@ -468,7 +472,7 @@ answer("8.d", None)
 # %% [markdown]
 # Ten bad requests, that one among them:
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 for bad in (
     {"prompt": prompt, "temperature": -1},
     {"prompt": prompt, "max_tokens": 0},
@@ -515,8 +519,7 @@ for label, content, headers in (
     error = response.json()["error"]
     print(f"{label:<20} {response.status_code} ({len(response.content)} bytes): {error['message'][:90]}")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 waits, outcome = [], {}
 fifty_mb = b'{"prompt": "' + b"x" * (50 << 20) + b'"}'
 sender = threading.Thread(target=lambda: outcome.update(r=httpx.post(url, content=fifty_mb, headers=json_header)))
@@ -527,7 +530,8 @@ while sender.is_alive() or len(waits) < 20:
     waits.append(time.monotonic() - start)
     time.sleep(0.02)
 sender.join()
-print(f"50 MB body: {outcome['r'].status_code}, {outcome['r'].json()['error']['message'][:60]}...")
+print(f"50 MB body: HTTP {outcome['r'].status_code}")
+print(textwrap.fill(f"the server's message: {outcome['r'].json()['error']['message']}", 100, subsequent_indent="  "))
 print(f"/health meanwhile: {len(waits)} calls, the slowest answered in {1000 * max(waits):.0f} ms")
 
 # %% [markdown]
@@ -543,8 +547,7 @@ print(f"/health meanwhile: {len(waits)} calls, the slowest answered in {1000 * m
 # the batch is full, further clients queue: TTFT grows while TPOT barely moves — the latency-throughput
 # knee of lesson 07, measured over HTTP this time.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 0}  # run_load gives request i the seed 0 + i
 sweep = {}
 for clients in (1, 4, 16, 64):
@@ -553,8 +556,8 @@ for clients in (1, 4, 16, 64):
     sweep[clients] = summarize(res, secs)
     print(f"{clients:>3} clients: {format_summary(sweep[clients])}")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
+# Figure: Load test over HTTP: throughput (left) and TTFT and TPOT (right) against the number of concurrent clients.
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
 xs = list(sweep)
 ax1.plot(xs, [sweep[c]["tokens_per_s"] for c in xs], "o-")
@@ -577,8 +580,7 @@ plt.show()
 # requests per second that met both latency targets. Below capacity, TTFT is about one prefill; above
 # it, requests queue and TTFT grows with the queue while TPOT stays near one step.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 for rate in (5.0, 20.0):  # requests per second: below what this server sustains, then above it
     work = serving.make_workload(32, rate=rate, seed=0, long_every=10**6)  # the short requests of lesson 07's mix
     arriving = [[(31 * i + j) % 50000 + 1 for j in range(n)] for i, n in enumerate(work.prompt_lens)]

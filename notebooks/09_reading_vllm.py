@@ -34,7 +34,7 @@
 # | KV bytes per token, what fits, what never fits (00, 2.9) · `memory.py`, `scheduler.py` | `vllm/v1/core/kv_cache_planning.py` · `get_kv_cache_configs`, `check_enough_kv_cache_memory` |
 # | the server (08) · `serve/` | `vllm/entrypoints/openai/completion/serving.py` · `OpenAIServingCompletion`; `vllm/v1/engine/async_llm.py` · `AsyncLLM` |
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -172,7 +172,7 @@ answer("9.a", None)
 answer("9.b", None)
 
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 def stall_free_order(running, waiting, budget):
     """The course's step: every decode, then the oldest prefill's next chunk, then first chunks, FCFS."""
     plan, left = {}, budget
@@ -308,8 +308,7 @@ for title, (running, waiting, budget) in steps.items():
 #
 # ## 15. How this page was checked
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 import json
 from pathlib import Path
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from widget_frames import FRAMES_KEY, WIDGET_STATE, WIDGET_VIEW, decode_frames  # noqa: E402
 
-from kvcourse.course.colab import REPOSITORY  # noqa: E402
+from kvcourse.course.colab import PLACEHOLDER_REPOSITORY, REPOSITORY  # noqa: E402
 
 BOOK = ROOT / "book"
 OUT = ROOT / "build" / "site"
@@ -187,12 +187,30 @@ def notebook_title(notebook: nbformat.NotebookNode, path: Path) -> str:
     raise SiteError(f"{path.name} has no '# title' heading in a markdown cell: the page needs a title.")
 
 
+FIGURE_CAPTION = re.compile(r"^# Figure: (.+)$", re.MULTILINE)
+IMAGE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
+
+
+def caption_figures(notebook: nbformat.NotebookNode) -> int:
+    """A cell's `# Figure: ...` line becomes its figure's caption and its image's alt text; how many."""
+    captioned = 0
+    for cell in notebook.cells:
+        match = FIGURE_CAPTION.search(cell.source) if cell.cell_type == "code" else None
+        if not match or not any(t in o.get("data", {}) for o in cell.get("outputs", []) for t in IMAGE_TYPES):
+            continue
+        caption = match.group(1).strip()
+        cell.metadata["mystnb"] = {"figure": {"caption": caption}, "image": {"alt": caption}}
+        captioned += 1
+    return captioned
+
+
 def stage_notebook(path: Path, target: Path) -> str:
     """Copy one notebook into the staging folder with its widgets drawn; return its title."""
     notebook = nbformat.read(path, as_version=4)
     title = notebook_title(notebook, path)
     try:
         render_widgets(notebook)
+        caption_figures(notebook)
     except (ValueError, KeyError, zlib.error) as error:
         raise SiteError(
             f"{path.name}: a block-table widget's stored frames cannot be read ({error!r}); "
@@ -286,6 +304,18 @@ def build(out: Path = OUT, stage_dir: Path = STAGE, doctrees: Path = DOCTREES, j
     return out / "index.html"
 
 
+def placeholder_warning(repository: str = REPOSITORY) -> str | None:
+    """Say so (stderr) while the repository the site links to is the placeholder; the warning, or None."""
+    if repository.rstrip("/") != PLACEHOLDER_REPOSITORY:
+        return None
+    warning = (
+        f"course book: WARNING: the Colab, Binder and repository links point at the placeholder {repository}: "
+        "set REPOSITORY in kvcourse/course/colab.py to the course's public repository (README, 'Open in Colab')."
+    )
+    print(warning, file=sys.stderr)
+    return warning
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -297,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     out = args.out.resolve()
+    placeholder_warning()
     try:
         index = build(out, stage_dir=out.with_name(f"{out.name}-src"), doctrees=out.with_name(f"{out.name}-doctrees"))
     except SiteError as error:

@@ -26,7 +26,8 @@ from nbclient import NotebookClient
 from widget_frames import store_frames  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+# The display name ipykernel installs: another one makes JupyterLab rewrite it on opening (the notebook shows modified).
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 # Run in the kernel after the notebook's own cells: every block-table widget still alive, by model id.
 _COLLECT_FRAMES = """\
@@ -52,6 +53,7 @@ def execute(source: Path) -> Path:
     """Execute one notebook's source with the reference solutions and store it, outputs included."""
     os.environ["KVCOURSE_SOLUTIONS"] = "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["KVCOURSE_PROGRESS"] = "0"  # no tqdm bars in the stored outputs (the site and nbval show them raw)
     notebook = jupytext.read(source)
     notebook.metadata["kernelspec"] = KERNELSPEC
     collector = nbformat.v4.new_code_cell(_COLLECT_FRAMES)

@@ -152,6 +152,7 @@ def test_swap_keeps_outputs_and_replaces_recompute() -> None:
     assert recompute.trace.outputs() == swap.trace.outputs(), "the preemption mode never changes the outputs"
 
 
+@pytest.mark.slow  # the whole quick serving study in a fresh process: `./course test -m slow` (CI runs it)
 def test_quick_study_json_has_its_figures() -> None:
     env = {**os.environ, "KVCOURSE_SOLUTIONS": "1"}
     done = subprocess.run(

@@ -113,3 +113,15 @@ def test_installed_torch_is_kept_even_when_a_range_would_allow_another(tmp_path)
     """The constraints name exactly the torch and triton installed now (a CUDA build keeps its +cu tag)."""
     pins = colab.keep_installed(("torch", "triton", "not-a-package-kvcourse"))
     assert pins == [f"torch=={metadata.version('torch')}", f"triton=={metadata.version('triton')}"]
+
+
+def test_the_site_build_warns_while_the_repository_is_the_placeholder(capsys) -> None:
+    """An instructor who forgets to name the real repository hears it from `./course book`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
+    build_site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_site)
+    assert build_site.placeholder_warning(colab.PLACEHOLDER_REPOSITORY)
+    assert "placeholder" in capsys.readouterr().err
+    assert build_site.placeholder_warning("https://github.com/someone/kvcourse") is None

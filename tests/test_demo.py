@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # the demo in a fresh process (imports torch, runs GPT-2): `./course test -m slow` (CI runs it)
 def test_demo_prints_trace_and_outputs():
     env = {**os.environ, "KVCOURSE_SOLUTIONS": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(

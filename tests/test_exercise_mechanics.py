@@ -114,6 +114,7 @@ def _copy_with_fresh_stubs(target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow  # every graded test against the stubs, in child processes (minutes): `./course test -m slow` (CI runs it)
 def test_every_graded_test_fails_on_the_stubs(tmp_path):
     """A graded test that passes on an untouched stub cannot tell right from wrong."""
     results = _grade(root=_copy_with_fresh_stubs(tmp_path))
@@ -124,6 +125,7 @@ def test_every_graded_test_fails_on_the_stubs(tmp_path):
         assert result["status"] != "correct"
 
 
+@pytest.mark.slow  # every graded test through the grader's children (a minute or more): `./course test -m slow` (CI runs it)
 def test_every_graded_test_passes_on_the_solutions():
     results = _grade("--solutions")
     wrong = {i: (r["status"], r["message"]) for i, r in results.items() if r["status"] not in ("correct", "skipped")}

@@ -107,6 +107,7 @@ def _assert_settled(scheduler, manager, requests) -> None:
 # ----------------------------------------------------------------------------------------------- GPT-2 engine
 
 
+@pytest.mark.slow  # 18 engine runs with a fault injected: `./course test -m slow` (CI runs it)
 @settings(max_examples=18, deadline=None)
 @given(at_step=st.integers(1, 19), phase=st.sampled_from(PHASES))
 def test_engine_fault_at_a_random_step_leaves_a_consistent_engine(model, expected, at_step, phase):

@@ -153,6 +153,7 @@ def grade_unchecked(tmp_path, files: dict[str, str], exercises: list[str], guard
     )  # fmt: skip
 
 
+@pytest.mark.slow  # one grader child per attack: `./course test -m slow` (CI runs it)
 def test_without_the_static_check_the_children_still_cannot_cheat(tmp_path):
     results_path = tmp_path / "results.json"
     files = table(results_path)
@@ -175,6 +176,7 @@ def test_without_the_static_check_the_children_still_cannot_cheat(tmp_path):
         assert "the grader stopped your code" in outputs[number], outputs[number]
 
 
+@pytest.mark.slow  # waits out hangs and crashes, one grader child each: `./course test -m slow` (CI runs it)
 def test_hangs_crashes_and_skips_cost_only_their_exercise(tmp_path, monkeypatch):
     monkeypatch.setenv("KVCOURSE_TEST_TIMEOUT_S", "2")
     solution = (ROOT / "solutions" / "memory.py").read_text()
@@ -275,6 +277,7 @@ def test_build_ships_no_leftover_and_refuses_reference_code(tmp_path):
     )
 
 
+@pytest.mark.slow  # a whole `kvcourse grade` run in a fresh process: `./course test -m slow` (CI runs it)
 def test_the_grade_command_ignores_an_exported_solutions_switch():
     env = {**os.environ, "KVCOURSE_SOLUTIONS": "1"}
     done = subprocess.run(

@@ -201,6 +201,7 @@ def test_the_stub_is_reported_as_not_written():
     assert message and message.startswith("Exercise 5.4"), message
 
 
+@pytest.mark.slow  # imports triton and compiles in a fresh process: `./course test -m slow` (CI runs it)
 def test_interpreted_kernels_are_compiled_in_a_clean_process():
     """With TRITON_INTERPRET=1 (a notebook on a CPU) the kernel is an interpreted function; it still compiles."""
     script = (

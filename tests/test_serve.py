@@ -161,6 +161,7 @@ def test_raw_stream_is_sse_ending_with_done(server):
     assert json.loads(events[0][6:])["object"] == "text_completion"
 
 
+@pytest.mark.slow  # 64 streaming clients through one server: `./course test -m slow` (CI runs it)
 def test_64_concurrent_streaming_clients_all_complete_exactly_and_leak_nothing(server, model, tokenizer):
     rng = random.Random(16)
     prompts = [[rng.randrange(50257) for _ in range(rng.randint(1, 40))] for _ in range(64)]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import nbformat
 import pytest
 from browser_support import CHROMIUM, browser
 
@@ -614,3 +615,23 @@ def test_broken_links_finds_a_missing_page_and_a_missing_anchor(tmp_path: Path) 
         f"{base}gone.html (no such file)",
         f"{base}a.html#nowhere (no #nowhere in a.html)",
     ]
+
+
+def test_a_figure_line_becomes_the_caption_and_the_alt_text() -> None:
+    notebook = nbformat.v4.new_notebook()
+    drawn = nbformat.v4.new_code_cell("# Figure: hit rate against capacity\nplot()")
+    drawn.outputs = [nbformat.v4.new_output("display_data", data={"image/png": "iVBOR"})]
+    text_only = nbformat.v4.new_code_cell("# Figure: not a figure\nprint(1)")
+    notebook.cells = [drawn, text_only]
+    assert build_site.caption_figures(notebook) == 1
+    assert drawn.metadata["mystnb"] == {
+        "figure": {"caption": "hit rate against capacity"},
+        "image": {"alt": "hit rate against capacity"},
+    }
+    assert "mystnb" not in text_only.metadata
+
+
+def test_the_site_wraps_long_lines_and_has_a_copy_button() -> None:
+    css = (ROOT / "book" / "_static" / "kv-site.css").read_text()
+    assert re.search(r"div\.cell_output pre[^{]*\{[^}]*white-space: pre-wrap", css)
+    assert "sphinx_copybutton" in (ROOT / "book" / "conf.py").read_text()

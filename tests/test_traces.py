@@ -179,7 +179,7 @@ def test_the_study_on_a_slice(monkeypatch, capsys, conversation):
     assert rates[10**9] == found["max_hit_rate"], "a cache larger than the trace is the infinite one"
     assert found["paper"] == study.paper_statements(rates, found["max_hit_rate"])
     independent = independent_replay(conversation[:600], 3 * 10**6 // 512) / found["prompt_tokens"]
-    assert rates[3 * 10**6] == round(independent, 4)
+    assert rates[3 * 10**6] == round(independent, study.RATE_DIGITS)
     assert set(result["eviction"]["hit_rate"]) == {"LRU", "FIFO", "LFU"}
     assert result["eviction"]["hit_rate"]["LRU"]["3000000"] == rates[3 * 10**6], "LRU is the curve's own replay"
 

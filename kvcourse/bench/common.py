@@ -105,7 +105,12 @@ def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterato
     """A progress bar on stderr, so stdout stays clean for tables and JSON."""
     from tqdm import tqdm
 
-    yield from tqdm(items, desc=desc, total=total, file=sys.stderr, leave=False)
+    yield from tqdm(items, desc=desc, total=total, file=sys.stderr, leave=False, disable=not progress_shown())
+
+
+def progress_shown() -> bool:
+    """Progress bars unless KVCOURSE_PROGRESS=0 (scripts/execute_notebooks.py: stored outputs carry none)."""
+    return os.environ.get("KVCOURSE_PROGRESS", "1") != "0"
 
 
 def emit(result: dict, as_json: bool) -> None:

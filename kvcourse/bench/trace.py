@@ -52,6 +52,13 @@ QUICK_CAPACITIES = (10**4, 10**5, 10**6, 3 * 10**6, 10**7, 5 * 10**7, 10**8, 10*
 EVICTION_CAPACITIES = (10**6, 3 * 10**6, 10**7)  # where the policies differ (larger caches hold almost everything)
 PAPER_CACHE_RATIO = {"conversation": 0.40, "synthetic": 0.66}  # the paper's Table 2 ("about 40%", 66%)
 CLOSE = 0.9  # "close to the maximum": at least 90% of it
+# Hit rates are stored with 6 digits: rounded to 4 first, 0.04255 printed as 4.2% where the notebook,
+# printing the exact rate, says 4.3% (issue 39: README and notebook 04 disagreed by that tenth).
+RATE_DIGITS = 6
+# What vLLM 0.33.0 gives the model executor of one GPU: the default of CacheConfig.gpu_memory_utilization
+# (scripts/check_vllm.py finds "default=0.92" in the wheel: notebooks/data/vllm_checked.json; a test reads both).
+# Notebook 04's "one GPU's worth" of KV cache is this share of the memory less the weights.
+VLLM_GPU_MEMORY_UTILIZATION = 0.92
 HIT_DEFINITION = (
     "prefix-hit tokens over prompt tokens, request order only: 512 tokens per full block found in the cache at "
     "admission (never the block of a prompt's last token), LRU eviction (a request's tail before its head)"
@@ -165,8 +172,8 @@ def study_trace(name: str, capacities: Sequence[int]) -> dict:
         "requests": len(trace),
         "prompt_tokens": maximum.prompt_tokens,
         "distinct_blocks": maximum.num_blocks,
-        "max_hit_rate": round(maximum.hit_rate, 4),
-        "hit_rate": {str(capacity): round(rate, 4) for capacity, rate in rates.items()},
+        "max_hit_rate": round(maximum.hit_rate, RATE_DIGITS),
+        "hit_rate": {str(capacity): round(rate, RATE_DIGITS) for capacity, rate in rates.items()},
         "paper": paper_statements(rates, maximum.hit_rate),
         "paper_cache_ratio": PAPER_CACHE_RATIO.get(name),
         "replays": len(replays),
@@ -185,7 +192,7 @@ def eviction_study(name: str, capacities: Sequence[int]) -> dict:
     rates: dict[str, dict[str, float]] = {}
     for policy, pool_class in POLICIES.items():
         runs = [replay(trace, requests, capacity_blocks(c), pool_class=pool_class) for c in capacities]
-        rates[policy] = {str(c): round(r.hit_rate, 4) for c, r in zip(capacities, runs)}
+        rates[policy] = {str(c): round(r.hit_rate, RATE_DIGITS) for c, r in zip(capacities, runs)}
     return {"trace": name, "hit_rate": rates}
 
 
@@ -226,7 +233,7 @@ def report(result: dict) -> str:
         f"hit rate: {result['definition']}",
         f"{'cache (tokens)':>15}  " + "  ".join(f"{name:>12}" for name in names),
     ]
-    for capacity in result["traces"][names[0]]["hit_rate"]:
+    for capacity in sorted(result["traces"][names[0]]["hit_rate"], key=int):  # JSON keys come back sorted as text
         row = "  ".join(f"{result['traces'][name]['hit_rate'][capacity]:>12.1%}" for name in names)
         lines.append(f"{_tokens(int(capacity)):>15}  {row}")
     lines.append(f"{'infinite':>15}  " + "  ".join(f"{result['traces'][n]['max_hit_rate']:>12.1%}" for n in names))
@@ -256,7 +263,7 @@ def report(result: dict) -> str:
         lines.append(f"eviction policies: skipped ({eviction['not_written']})")
     else:
         policies = eviction["hit_rate"]
-        capacities = list(next(iter(policies.values())))
+        capacities = sorted(next(iter(policies.values())), key=int)
         lines.append(f"eviction policies on the {eviction['trace']} trace (hit rate):")
         lines.append(f"{'cache (tokens)':>15}  " + "  ".join(f"{p:>8}" for p in policies))
         for capacity in capacities:

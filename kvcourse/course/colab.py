@@ -18,6 +18,9 @@ from pathlib import Path
 # The course's public repository: the one place to change it, with the README's Colab links (a test
 # checks that the notebooks' first cells and the README use this same address).
 REPOSITORY = "https://github.com/kvcourse-org/kvcourse"
+# Not decided yet: while REPOSITORY is this placeholder, `./course book` warns that every Colab, Binder and
+# repository link on the site points at it (README, "Open in Colab": how to change it).
+PLACEHOLDER_REPOSITORY = "https://github.com/kvcourse-org/kvcourse"
 CLONE_DIR = "/content/kvcourse"
 
 # What Colab provides itself and must keep: its CUDA torch, the triton built for it, its notebook server.

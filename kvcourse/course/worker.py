@@ -42,7 +42,6 @@ PRELOAD = (
     "_hypothesis_pytestplugin",
     "pytest",
     "pytest_timeout",
-    "nbval.plugin",
     "tqdm",
 )
 # Course machinery the warm process holds; every other kvcourse module is re-imported in each child.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -351,7 +352,7 @@ class LLMEngine:
             desc="generating",
             unit="tok",
             file=sys.stderr,
-            disable=not show,
+            disable=not show or os.environ.get("KVCOURSE_PROGRESS") == "0",  # 0: no bar (stored notebook outputs)
             leave=False,
         )
         try:
