@@ -360,7 +360,7 @@ check("5.5")
 
 # %%
 smollm2, smol_tokenizer = load_model("smollm2")
-questions = ["What is the capital of France?", "Name three primary colors.", "How many legs does a spider have?"]
+questions = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about a cat."]
 chats = [chat_prompt(smol_tokenizer, [{"role": "user", "content": q}]) for q in questions]
 smol_engine = LLMEngine(smollm2, num_blocks=32, block_size=16, tokenizer=smol_tokenizer, attention="reference")
 requests = [smol_engine.add_request(ids, max_new_tokens=32) for ids in chats]

@@ -229,11 +229,8 @@ for chunk in stream:
 
 # %%
 print("GET /v1/models:", [(m.id, m.owned_by) for m in smol.models.list().data])
-messages = [
-    {"role": "system", "content": "You are a helpful assistant. Answer in one sentence."},
-    {"role": "user", "content": "What does a cache do?"},
-]
-chat = smol.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0)
+messages = [{"role": "user", "content": "Write one sentence about a cat."}]
+chat = smol.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
 print(f"{chat.choices[0].message.role}: {chat.choices[0].message.content}")
 print(
     "finish_reason:",
@@ -247,7 +244,7 @@ print(
 # %%
 stream = smol.chat.completions.create(
     model="smollm2",
-    messages=[{"role": "user", "content": "How many legs does a spider have?"}],
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
     max_tokens=32,
     temperature=0,
     stream=True,
@@ -437,7 +434,7 @@ print("aborted requests:", metric(values, "vllm:request_success_total", finished
 # the batch: below, on the SmolLM2 server, the third run shares its steps with four other sampled clients.
 
 # %%
-story = ask("Write one sentence about a cat.")
+story = ask("Write one sentence about a dog.")
 sampled = {"model": "smollm2", "prompt": story, "max_tokens": 24, "temperature": 0.8, "top_p": 0.9, "seed": 7}
 first = smol.completions.create(**sampled).choices[0].text
 again = smol.completions.create(**sampled).choices[0].text
@@ -730,15 +727,16 @@ for running_server in (server, smol_server):
 #
 # then, from here, point the same code at it: `client = openai.OpenAI(base_url="http://HOST:8000/v1",
 # api_key="none")` and `model="HuggingFaceTB/SmolLM2-135M-Instruct"`, for completions and chat alike;
-# `run_load("http://HOST:8000/v1", prompts, 16, "HuggingFaceTB/SmolLM2-135M-Instruct")` measures it. (vLLM accepts `ignore_eos` and `return_token_ids` too.) Set `VLLM_URL` before starting Jupyter and
-# the cell below does it.
+# `run_load("http://HOST:8000/v1", texts, 16, "HuggingFaceTB/SmolLM2-135M-Instruct")` measures it, with
+# the prompts as text (each model has its own token ids). (vLLM accepts `ignore_eos` and
+# `return_token_ids` too.) Set `VLLM_URL` (and `VLLM_MODEL` if it serves another model) before starting
+# Jupyter and the cell below does it.
 
 # %%
 VLLM_URL = os.environ.get("VLLM_URL")  # e.g. http://gpu-box:8000/v1
 if VLLM_URL:
-    res, secs = run_load(
-        VLLM_URL, prompts, lengths, os.environ.get("VLLM_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct")
-    )
+    texts = [engine.tokenizer.decode(p) for p in prompts]  # section 3's prompts, as text
+    res, secs = run_load(VLLM_URL, texts, lengths, os.environ.get("VLLM_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct"))
     print("vLLM:", format_summary(summarize(res, secs)))
 else:
     print("VLLM_URL is not set: no vLLM server to measure here (set it to http://HOST:8000/v1 and rerun).")
