@@ -482,11 +482,11 @@ answer("8.f", None)
 # The request, streamed, with a snapshot of the cache taken while its four children run.
 
 # %%
-poet = [
-    {"role": "system", "content": "You are a poet who writes very short poems about nature."},  # a system prompt
-    {"role": "user", "content": "Write a short poem about the sea and the moon, please."},  # no earlier request had
+poet = [  # its own system prompt: no earlier request on this server began like it, so no block is cached yet
+    {"role": "system", "content": "You are a poet who writes very short poems about nature."},
+    {"role": "user", "content": "Write me a short poem about the sea and the moon, please."},
 ]
-shared_prompt = chat_prompt(smol_engine.tokenizer, poet)  # 40 tokens, none of them in this server's cache yet
+shared_prompt = chat_prompt(smol_engine.tokenizer, poet)  # 40 tokens through the chat template
 assert len(shared_prompt) == 40, len(shared_prompt)
 smol_metrics = smol_server.url + "/metrics"
 hits_before = metric(parse_metrics(httpx.get(smol_metrics).text), "vllm:prefix_cache_hits_total")
