@@ -846,5 +846,5 @@ for capacity in eviction_capacities:
 #   of KV cache serves a small share of what could be reused; tens of millions of tokens serve nearly
 #   all of it. Eviction policies move the curve a little; capacity moves it a lot.
 #
-# Next, in **05 · Paged attention on GPT-2**, the block tables stop being bookkeeping: the attention
+# Next, in **05 · Paged attention on real models**, the block tables stop being bookkeeping: the attention
 # kernel reads keys and values through them.

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 05 · Paged attention on GPT-2
+# # 05 · Paged attention on real models
 #
 # > **What to expect.** The outputs stored in this notebook come from the reference solutions; running a
 # > cell replaces its output with your code's. Run All stops at your first unwritten exercise (its
@@ -17,9 +17,11 @@
 # 3. the same decode attention as a **Triton kernel** (5.4);
 # 4. the **model runner**, which turns a scheduler batch into GPT-2's inputs (5.5);
 #
-# and then runs **GPT-2** through your scheduler, your allocator and your attention, and checks that
-# every token equals what Hugging Face's `model.generate(do_sample=False)` produces, also when memory
-# is tight enough to force preemptions and when prefix caching shares blocks.
+# and then runs real models through your scheduler, your allocator and your attention: **SmolLM2**, a
+# modern chat model (grouped-query attention, RoPE), answers questions in plain English, and **GPT-2**,
+# the lesson's model, shows the scheduler's trace. Every token must equal what Hugging Face's
+# `model.generate(do_sample=False)` produces, also when memory is tight enough to force preemptions and
+# when prefix caching shares blocks.
 
 # %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
@@ -63,6 +65,7 @@ from kvcourse import attention, check
 from kvcourse.engine.llm_engine import LLMEngine, hf_greedy
 from kvcourse.model_runner import prepare_inputs
 from kvcourse.models.gpt2 import LESSON_PROMPTS, load_gpt2, load_tokenizer
+from kvcourse.models.registry import chat_prompt, load_model, stop_token_id
 from kvcourse.scheduler import ScheduledSequence
 from kvcourse.viz import diagrams
 
@@ -318,16 +321,16 @@ print("block_tables    ", inputs.block_tables.tolist())
 check("5.5")
 
 # %% [markdown]
-# ## 7. Plugging the paged cache into GPT-2, without patching it
+# ## 7. Plugging the paged cache into a Hugging Face model, without patching it
 #
 # Hugging Face models offer two extension points, and the engine uses exactly those
 # (`kvcourse/worker/paged_cache.py`):
 #
-# * **A `Cache` subclass.** In every layer GPT-2 calls `cache.update(key, value, layer_idx, kwargs)`.
+# * **A `Cache` subclass.** In every layer the model (GPT-2, SmolLM2) calls `cache.update(key, value, layer_idx, kwargs)`.
 #   Our `PagedKVCache` holds one `PagedCacheLayer` per layer; its `update` calls *your*
 #   `write_to_cache` with the `slot_mapping` and returns the layer's whole paged storage.
 # * **An attention function**, registered with `AttentionInterface.register("kvcourse_paged", fn)`
-#   and selected with `model.set_attn_implementation("kvcourse_paged")`. GPT-2 calls it with the
+#   and selected with `model.set_attn_implementation("kvcourse_paged")`. The model calls it with the
 #   query and what `update` returned, plus every extra keyword argument given to the model's forward:
 #   the runner passes `block_tables`, `seq_lens` and `query_start_loc`. A step that is all decodes
 #   uses `paged_decode_attention` (or the Triton kernel, with `attention="triton"`); a step with a
@@ -338,24 +341,65 @@ check("5.5")
 # `LLMEngine` ties it together: each step it asks the scheduler for a batch, looks up the block tables
 # in the KV-cache manager, runs the model once, and hands the greedy tokens back to the scheduler.
 #
-# **End of sequence.** The engine ignores EOS, like vLLM's `ignore_eos=True` in benchmarks: every
-# request gets exactly `max_new_tokens` tokens, and the reference is
+# **End of sequence.** A request whose `eos_token_id` is set ends when it samples that token, as
+# Hugging Face's `generate` does: a chat model stops at its end-of-turn token. `engine.generate(...)`
+# leaves it unset and ignores EOS, like vLLM's `ignore_eos=True` in benchmarks: every request then gets
+# exactly `max_new_tokens` tokens, and the reference is
 # `model.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None)`, one prompt at a time
 # (`hf_greedy`).
 
 # %% [markdown]
-# ## 8. GPT-2 generating for the lesson's four prompts
+# ## 8. SmolLM2 answers through your paged engine
 #
+# **SmolLM2-135M-Instruct** (notebook 00 asked it its first question) is a Llama: 30 layers, 9 query
+# heads sharing 3 KV heads (grouped-query attention), rotary positions. The engine runs it through the
+# same two extension points as any Hugging Face model, so your cache write, your paged attention and
+# your model runner are what compute its answers. Each question goes through the model's **chat
+# template** (an instruct model answers a conversation, not raw text), and each request stops at the
+# model's end-of-turn token, `<|im_end|>`, as Hugging Face's `generate` does. Greedy decoding, blocks
+# of 16 tokens; `attention="reference"` runs YOUR attention (Exercises 5.1–5.3); the engine's default,
+# `"fast"`, is the vectorised backend that benchmarks and the server use (notebook 06 compares the two).
+
+# %%
+smollm2, smol_tokenizer = load_model("smollm2")
+questions = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about a cat."]
+chats = [chat_prompt(smol_tokenizer, [{"role": "user", "content": q}]) for q in questions]
+smol_engine = LLMEngine(smollm2, num_blocks=32, block_size=16, tokenizer=smol_tokenizer, attention="reference")
+requests = [smol_engine.add_request(ids, max_new_tokens=32) for ids in chats]
+for request in requests:
+    request.eos_token_id = stop_token_id(smollm2)  # <|im_end|>: the request ends there, as generate() would
+while smol_engine.has_unfinished_requests():
+    smol_engine.step()
+answers = [list(r.output_tokens) for r in requests]
+for question, tokens in zip(questions, answers):
+    print(f"{question:<36} -> {smol_tokenizer.decode(tokens, skip_special_tokens=True)}")
+print(f"\nprompt tokens (chat template included): {[len(c) for c in chats]}; steps: {smol_engine.stats.iterations}")
+
+# %% [markdown]
+# **The proof.** Hugging Face's own greedy `generate`, one question at a time, with its own attention and
+# its own cache, stopping at the same end-of-turn token, must give the same tokens, that token included.
+
+# %%
+with torch.inference_mode():
+    hf_answers = [
+        smollm2.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32)[0, len(ids) :].tolist()
+        for ids in chats
+    ]
+for question, mine, theirs in zip(questions, answers, hf_answers):
+    print(f"{question:<36} {len(mine):>2} tokens, same as model.generate(do_sample=False): {mine == theirs}")
+
+# %% [markdown]
+# ### The lesson's four prompts on GPT-2: the scheduler's trace
+#
+# GPT-2 is the model the source lesson used, and its settings come along: 100 blocks of 16 tokens, a
+# token budget of 1024, at most 8 sequences per step, 5 new tokens per request, EOS ignored.
 # `load_gpt2()` gives pretrained GPT-2 (124M parameters) when the Hugging Face Hub answers, else the
-# same architecture with seeded random weights (it says which). Random weights make gibberish, but
-# the claim we test, *the paged engine computes exactly what Hugging Face computes*, holds for any
-# weights. The engine uses the lesson's settings: 100 blocks of 16 tokens, a token budget of 1024, at
-# most 8 sequences per step, 5 new tokens per request. `attention="reference"` runs YOUR attention
-# (Exercises 5.1–5.3); the engine's default, `"fast"`, is the vectorised backend that benchmarks and
-# the server use (notebook 06 compares the two).
+# same architecture with seeded random weights (it says which). This run and section 9 are about shapes,
+# steps and memory, not text: the claim tested, *the paged engine computes exactly what Hugging Face
+# computes*, holds for any weights, so no text is printed from GPT-2 here (SmolLM2 spoke above).
 
 # %% tags=["nbval-ignore-output"]
-# (pretrained online, random offline: the decoded text differs)
+# (pretrained online, random offline: load_gpt2's line about the weights differs)
 tokenizer = load_tokenizer()
 gpt2 = load_gpt2("gpt2")
 prompts = [tokenizer.encode(p) for p in LESSON_PROMPTS]
@@ -363,22 +407,20 @@ engine = LLMEngine(
     gpt2, num_blocks=100, block_size=16, token_budget=1024, max_batch_size=8, tokenizer=tokenizer, attention="reference"
 )
 outputs = engine.generate(prompts, max_new_tokens=5, trace=True)
-for prompt, output in zip(LESSON_PROMPTS, outputs):
-    print(f"{prompt[:50]!r:<54} -> {tokenizer.decode(output)!r}")
+print("new tokens per prompt:", [len(o) for o in outputs])
 
 # %% [markdown]
-# The scheduler's trace is the same whatever the weights, and reads like the toy world's (the same
-# loop records both): one step prefills all four prompts (`R0 prefill 15 @0-14*`: request 0 is fed
-# 15 tokens at positions 0-14, and `*` marks a chunk that samples a token), then every step decodes
-# one token per request; the blocks come back when the requests finish.
+# The scheduler's trace reads like the toy world's (the same loop records both): one step prefills all
+# four prompts (`R0 prefill 15 @0-14*`: request 0 is fed 15 tokens at positions 0-14, and `*` marks a
+# chunk that samples a token), then every step decodes one token per request; the blocks come back when
+# the requests finish.
 
 # %%
 print("prompt lengths:", [len(p) for p in prompts])
 print(*engine.trace, sep="\n")
 
 # %% [markdown]
-# **The proof.** Hugging Face's own greedy `generate`, one prompt at a time, with its own
-# attention and its own cache, must give the same tokens.
+# The same proof for GPT-2: Hugging Face's greedy `generate`, EOS ignored like the engine (`hf_greedy`).
 
 # %%
 reference_tokens = [hf_greedy(gpt2, p, 5) for p in prompts]
@@ -655,9 +697,9 @@ for dtype, tolerance in kernel_compile.GPU_TOLERANCES.items():
 #
 # * a paged KV storage and its cache write by slot;
 # * paged attention for decodes and for mixed prefill/decode batches, and a Triton decode kernel;
-# * the model runner's packed inputs, and an engine that drives GPT-2 through transformers' own
-#   extension points (`Cache`, `AttentionInterface`) and reproduces Hugging Face's greedy tokens
-#   exactly, under memory pressure and with shared prefixes.
+# * the model runner's packed inputs, and an engine that drives real models (SmolLM2, GPT-2) through
+#   transformers' own extension points (`Cache`, `AttentionInterface`) and reproduces Hugging Face's
+#   greedy tokens exactly, under memory pressure and with shared prefixes.
 #
 # `python -m kvcourse.course.demo` runs the four lesson prompts from the command line and prints the same
 # trace. Notebook 06 measures what paging buys: memory waste, throughput against Hugging Face, block

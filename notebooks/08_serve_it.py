@@ -9,8 +9,9 @@
 # arrive as a list: they open connections, one at a time, whenever they like, and some of them hang up
 # halfway. This capstone puts your engine behind the same kind of server vLLM runs (`vllm serve`):
 #
-# - an **OpenAI-compatible API** (`POST /v1/completions`), so the official `openai` client talks to it,
-#   with the parameters real tools send: `temperature`, `top_p`, `seed`, `n`, `stop`, `logprobs`...;
+# - an **OpenAI-compatible API** (`POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`),
+#   so the official `openai` client talks to it, with the parameters real tools send: `temperature`,
+#   `top_p`, `seed`, `n`, `stop`, `logprobs`...;
 # - **streaming**: each token leaves as a server-sent event the step it is sampled;
 # - **one engine loop** that steps while any request is unfinished: continuous batching, now with
 #   requests that come and go while it runs;
@@ -65,6 +66,7 @@ from IPython.display import display
 from kvcourse import answer
 from kvcourse.bench import serving
 from kvcourse.engine.llm_engine import hf_greedy
+from kvcourse.models.registry import chat_prompt
 from kvcourse.serve import ServerThread, build_app
 from kvcourse.serve.blocks import snapshot_from_json, take_snapshot
 from kvcourse.serve.detokenize import decode
@@ -96,6 +98,12 @@ torch.set_num_threads(1)  # the tiny model's matrices are small: one thread is f
 # background thread on a free port of 127.0.0.1 (the command line, `./course serve`, does the same in
 # the foreground). The cache is kept small on purpose, 12 blocks of 16 tokens, so that sixteen clients
 # must share it.
+#
+# This first server runs the course's **tiny** model: GPT-2's shape with 2 layers and random weights. Its
+# steps take about a millisecond, so the load, the metrics and the timings below run in seconds; its text
+# is gibberish, so this notebook never shows it: it compares its token ids with Hugging Face's instead.
+# Where you read text (the end of section 2, the chat section and section 6), a second server serves
+# the real chat model, **SmolLM2**.
 
 # %%
 NUM_BLOCKS, BLOCK_SIZE = 12, 16
@@ -118,9 +126,9 @@ print(
 # The official `openai` package, pointed at our server. Like OpenAI's API (and vLLM), the server
 # *samples* at temperature 1 when a request says nothing; `temperature=0` asks for greedy decoding, and
 # then the answer must be exactly what Hugging Face's `generate` gives for this prompt alone.
-# `return_token_ids` (a vLLM extra field) lets us compare token ids, not only text. The tiny model has
-# random weights, so the text is gibberish, but it is *reproducible* gibberish. `ignore_eos` keeps
-# going past end-of-text, as benchmarks do; without it, generation stops at `<|endoftext|>` with
+# `return_token_ids` (a vLLM extra field) lets us compare token ids, not only text (the tiny model's text
+# is gibberish, reproducible gibberish: we count it, we do not print it). `ignore_eos` keeps going past
+# end-of-text, as benchmarks do; without it, generation stops at the end-of-text token with
 # `finish_reason="stop"`.
 
 # %%
@@ -134,16 +142,16 @@ reply = client.completions.create(
 )
 choice = reply.choices[0]
 expected = hf_greedy(engine.model, engine.tokenizer.encode(prompt), 12)
-print("text:         ", repr(choice.text))
+print("new tokens:   ", len(choice.model_extra["token_ids"]), "| characters of text:", len(choice.text))
 print("finish_reason:", choice.finish_reason, "| usage:", reply.usage.prompt_tokens, "+", reply.usage.completion_tokens)
 print("token ids equal HF greedy:", choice.model_extra["token_ids"] == expected)
 print("text equals the decoded HF tokens:", choice.text == decode(engine.tokenizer, expected))
 
 # %% [markdown]
 # Now streamed. Each chunk is one engine step's worth of this request's tokens: the first comes from
-# the prefill step, then one per decode step. Text is sent only once it is whole: GPT-2's byte-level
-# tokens can split a character in two, and the server holds the first half back
-# (`kvcourse/serve/detokenize.py`).
+# the prefill step, then one per decode step. Text is sent only once it is whole: byte-level tokens
+# (GPT-2's, SmolLM2's) can split a character in two, and the server holds the first half back
+# (`kvcourse/serve/detokenize.py`); a chunk may then carry no text at all.
 
 # %%
 stream = client.completions.create(
@@ -156,7 +164,9 @@ stream = client.completions.create(
 )
 for chunk in stream:
     c = chunk.choices[0]
-    print(f"chunk: token ids {c.model_extra['token_ids']!s:<9} text {c.text!r:<16} finish_reason {c.finish_reason}")
+    print(
+        f"chunk: token ids {c.model_extra['token_ids']!s:<9} characters {len(c.text):>2}   finish_reason {c.finish_reason}"
+    )
 
 # %% [markdown]
 # On the wire that is plain server-sent events, one `data:` line per chunk, and `data: [DONE]` at the end:
@@ -168,6 +178,87 @@ with httpx.stream("POST", server.url + "/v1/completions", json=body) as response
     for line in response.iter_lines():
         if line:
             print(line if line == "data: [DONE]" else line[:60] + " ...")
+
+# %% [markdown]
+# ### The same API on a real model: SmolLM2
+#
+# A second server, the same code, serving **SmolLM2-135M-Instruct** (`build_app("smollm2")`: notebook
+# 05's chat model). It is an instruct model: a question goes through its chat template, and it answers
+# until its end-of-turn token `<|im_end|>`, where the server stops the request (`finish_reason="stop"`)
+# unless `ignore_eos` says otherwise. `/v1/completions` takes the templated prompt as token ids; the
+# next subsection lets the server apply the template itself. Greedy, the answer must again be exactly
+# Hugging Face's `generate`, end-of-turn token included.
+
+# %%
+smol_server = ServerThread(
+    build_app("smollm2", num_blocks=64, block_size=BLOCK_SIZE, token_budget=256, max_batch_size=8)
+).start()
+smol_engine = smol_server.engine_loop.engine
+smol = openai.OpenAI(base_url=smol_server.url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
+print("serving", [m.id for m in smol.models.list().data])
+
+
+def ask(question: str) -> list[int]:
+    """A user's question through SmolLM2's chat template: the prompt's token ids."""
+    return chat_prompt(smol_engine.tokenizer, [{"role": "user", "content": question}])
+
+
+question = ask("What is the capital of France?")
+reply = smol.completions.create(
+    model="smollm2", prompt=question, max_tokens=32, temperature=0, extra_body={"return_token_ids": True}
+)
+choice = reply.choices[0]
+with torch.inference_mode():
+    expected = smol_engine.model.generate(torch.tensor([question]), do_sample=False, max_new_tokens=32)
+print("text:         ", repr(choice.text))
+print("finish_reason:", choice.finish_reason, "| usage:", reply.usage.prompt_tokens, "+", reply.usage.completion_tokens)
+print("token ids equal HF generate:", choice.model_extra["token_ids"] == expected[0, len(question) :].tolist())
+
+# %% [markdown]
+# Streamed, a chunk per step, each with the text its tokens completed:
+
+# %%
+stream = smol.completions.create(
+    model="smollm2", prompt=ask("Name three primary colors."), max_tokens=32, temperature=0, stream=True
+)
+for chunk in stream:
+    c = chunk.choices[0]
+    print(f"chunk: {c.text!r:<12} finish_reason {c.finish_reason}")
+
+# %% [markdown]
+# ### Chat: messages in, the assistant's message out
+#
+# Chat clients do not template prompts themselves: they send **messages** to `POST /v1/chat/completions`,
+# and the server applies the model's chat template (`kvcourse/serve/chat.py`; vLLM's `serving_chat` does
+# the same). Everything else (sampling, `n`, `stop`, `logprobs`, streaming) is the completions machinery
+# unchanged; only the reply's shape differs: a `message`, or streamed `delta`s whose first one carries the
+# role. `GET /v1/models` lists what a server serves; `openai`'s `client.models.list()` reads it.
+
+# %%
+print("GET /v1/models:", [(m.id, m.owned_by) for m in smol.models.list().data])
+messages = [{"role": "user", "content": "Write one sentence about a cat."}]
+chat = smol.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
+print(f"{chat.choices[0].message.role}: {chat.choices[0].message.content}")
+print(
+    "finish_reason:",
+    chat.choices[0].finish_reason,
+    "| usage:",
+    chat.usage.prompt_tokens,
+    "+",
+    chat.usage.completion_tokens,
+)
+
+# %%
+stream = smol.chat.completions.create(
+    model="smollm2",
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    max_tokens=32,
+    temperature=0,
+    stream=True,
+)
+for chunk in stream:
+    delta = chunk.choices[0].delta
+    print(f"delta: role {delta.role!s:<9} content {delta.content!r:<12} finish_reason {chunk.choices[0].finish_reason}")
 
 # %% [markdown]
 # ## 3. Many clients: watch the running set and the block table
@@ -277,7 +368,8 @@ plt.show()
 answer("8.c", None)
 
 # %% [markdown]
-# The counters add up: the two single requests, the two-token SSE request and the sixteen clients.
+# The counters add up: the two single requests, the two-token SSE request and the sixteen clients (this
+# is the tiny model's server; SmolLM2's server keeps its own counters).
 
 # %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 values = parse_metrics(httpx.get(server.url + "/metrics").text)
@@ -343,22 +435,26 @@ print("aborted requests:", metric(values, "vllm:request_success_total", finished
 # once, row by row with each request's `SamplingParams`: presence, frequency and repetition penalties,
 # then temperature, the top-k and top-p masks, and one draw per row. Each request draws from its own
 # `torch.Generator`, seeded from `seed`, so the same seed gives the same tokens whatever else shares
-# the batch: below, the third run shares every step with sixteen other sampled clients.
+# the batch: below, on the SmolLM2 server, the third run shares its steps with four other sampled clients.
 
 # %%
-sampled = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0.8, "top_p": 0.9, "seed": 7}
-first = client.completions.create(**sampled).choices[0].text
-again = client.completions.create(**sampled).choices[0].text
+story = ask("Write one sentence about a dog.")
+sampled = {"model": "smollm2", "prompt": story, "max_tokens": 24, "temperature": 0.8, "top_p": 0.9, "seed": 7}
+first = smol.completions.create(**sampled).choices[0].text
+again = smol.completions.create(**sampled).choices[0].text
+crowd_prompts = [ask(f"Tell me a fact about the number {i}.") for i in range(4)]
 crowd = threading.Thread(
-    target=run_load, args=(server.url + "/v1", prompts, 24, "tiny"), kwargs={"sampling": {"temperature": 1.0}}
+    target=run_load,
+    args=(smol_server.url + "/v1", crowd_prompts, 24, "smollm2"),
+    kwargs={"sampling": {"temperature": 1.0}},
 )
 crowd.start()
-deadline = time.monotonic() + 30
-while server.engine_loop.state.num_running == 0 and time.monotonic() < deadline:
+deadline = time.monotonic() + 60
+while smol_server.engine_loop.state.num_running == 0 and time.monotonic() < deadline:
     time.sleep(0.002)  # until the crowd is in the engine
-crowded = client.completions.create(**sampled).choices[0].text
+crowded = smol.completions.create(**sampled).choices[0].text
 crowd.join()
-other = client.completions.create(**{**sampled, "seed": 8}).choices[0].text
+other = smol.completions.create(**{**sampled, "seed": 8}).choices[0].text
 print(f"seed 7:             {first!r}")
 print(f"seed 7 again:       {again!r}  equal: {again == first}")
 print(f"seed 7 in a crowd:  {crowded!r}  equal: {crowded == first}")
@@ -369,8 +465,8 @@ print(f"seed 8:             {other!r}")
 # requests (`vllm/v1/engine/parallel_sampling.py` · `ParentRequest`; child *i* samples with seed + *i*),
 # and so does this server: the children are added in one command, so they are scheduled in the same
 # step, and with prefix caching on (the server's default, as in vLLM v1) the other three find the first
-# child's full prompt blocks in the cache. The prompt below is 40 tokens: two full blocks of 16, and 8
-# tokens in a third.
+# child's full prompt blocks in the cache. The prompt below (on the SmolLM2 server, which also uses blocks
+# of 16) is 40 tokens: two full blocks of 16, and 8 tokens in a third.
 #
 # *8.e* How many prompt tokens will the prefix cache count as hits for this one request?
 
@@ -389,18 +485,33 @@ answer("8.f", None)
 # %% [markdown]
 # The request, streamed, with a snapshot of the cache taken while its four children run.
 
-# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
-shared_prompt = list(range(1000, 1040))  # 40 tokens this server has never seen
-hits_before = metric(parse_metrics(httpx.get(server.url + "/metrics").text), "vllm:prefix_cache_hits_total")
-body = {"model": "tiny", "prompt": shared_prompt, "max_tokens": 20, "n": 4, "seed": 3, "stream": True}
-engine.step = slow_step  # 20 ms more per step, so the snapshot surely finds the children running
-with httpx.stream("POST", server.url + "/v1/completions", json={**body, "ignore_eos": True}) as response:
+# %%
+poet = [  # its own system prompt: no earlier request on this server began like it, so no block is cached yet
+    {"role": "system", "content": "You are a poet who writes very short poems about nature."},
+    {"role": "user", "content": "Write me a short poem about the sea and the moon, please."},
+]
+shared_prompt = chat_prompt(smol_engine.tokenizer, poet)  # 40 tokens through the chat template
+assert len(shared_prompt) == 40, len(shared_prompt)
+smol_metrics = smol_server.url + "/metrics"
+hits_before = metric(parse_metrics(httpx.get(smol_metrics).text), "vllm:prefix_cache_hits_total")
+body = {"model": "smollm2", "prompt": shared_prompt, "max_tokens": 24, "n": 4, "seed": 3, "stream": True}
+smol_step = smol_engine.step
+
+
+def slow_smol_step(*args, **kwargs):
+    """20 ms more per step, so that the snapshot surely finds the four children running."""
+    time.sleep(0.02)
+    return smol_step(*args, **kwargs)
+
+
+smol_engine.step = slow_smol_step
+with httpx.stream("POST", smol_server.url + "/v1/completions", json=body, timeout=120) as response:
     events = (json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {"))
     first_chunk = next(events)
-    shared_snapshot = snapshot_from_json(httpx.get(server.url + "/debug/blocks").json())
+    shared_snapshot = snapshot_from_json(httpx.get(smol_server.url + "/debug/blocks").json())
     chunks = [first_chunk, *events]
-del engine.step
-hits = metric(parse_metrics(httpx.get(server.url + "/metrics").text), "vllm:prefix_cache_hits_total") - hits_before
+del smol_engine.step
+hits = metric(parse_metrics(httpx.get(smol_metrics).text), "vllm:prefix_cache_hits_total") - hits_before
 parent = int(first_chunk["id"].removeprefix("cmpl-"))
 children = range(parent, parent + 4)
 in_all = set.intersection(*(set(shared_snapshot.tables[rid]) for rid in children))
@@ -422,7 +533,8 @@ display(widgets.HTML(render_html(shared_snapshot)))  # the block-table widget: t
 
 # %% [markdown]
 # The first two blocks are in all four block tables (their reference count is 4); each child has its
-# own third block. That is where the prefix cache and notebook 04's fork differ. A block's hash covers
+# own third block (the children's answers differ: each samples with its own seed). That is where the
+# prefix cache and notebook 04's fork differ. A block's hash covers
 # all of its tokens, so only *full* blocks can be found in the cache: each child recomputes the
 # 8-token tail itself (3 × 8 tokens of prefill a fork would not spend) and holds that block from the
 # start, where a fork shares it and copies it at the first write. vLLM v1 chose the prefix cache for
@@ -440,17 +552,16 @@ display(widgets.HTML(render_html(shared_snapshot)))  # the block-table widget: t
 # penalties, as vLLM does by default.
 
 # %%
-greedy = client.completions.create(
-    model="tiny", prompt=prompt, max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
-)
+colors = ask("Name three primary colors.")
+greedy = smol.completions.create(model="smollm2", prompt=colors, max_tokens=32, temperature=0)
 greedy_text = greedy.choices[0].text
-stop = greedy_text[6:9]
-cut = client.completions.create(
-    model="tiny", prompt=prompt, max_tokens=16, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
-).choices[0]
-print(f"greedy:      {greedy_text!r}")
+stop = greedy_text.split()[3]  # the answer's fourth word
+cut = smol.completions.create(model="smollm2", prompt=colors, max_tokens=32, temperature=0, stop=[stop]).choices[0]
+print(f"greedy:      {greedy_text!r}  finish_reason={greedy.choices[0].finish_reason}")
 print(f"stop={stop!r}: {cut.text!r}  finish_reason={cut.finish_reason}")
-lp = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, logprobs=2).choices[0].logprobs
+lp = (
+    smol.completions.create(model="smollm2", prompt=colors, max_tokens=4, temperature=0, logprobs=2).choices[0].logprobs
+)
 for token, chosen, top, offset in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
     alternatives = ", ".join(f"{t!r} {v:.3f}" for t, v in top.items())  # the 2 likeliest tokens and their logprobs
     print(f"offset {offset:>2} {token!r:<14} logprob {chosen:7.3f}   top 2: {alternatives}")
@@ -595,15 +706,16 @@ for rate in (5.0, 20.0):  # requests per second: below what this server sustains
     print(f"    goodput {study['goodput']:.1f} requests/s within TTFT <= 0.5 s and TPOT <= 50 ms")
 
 # %% [markdown]
-# Stop the server: uvicorn closes its socket, the engine loop finishes its step and ends.
+# Stop the servers: uvicorn closes its socket, the engine loop finishes its step and ends.
 
 # %%
-server.stop()
-try:
-    httpx.get(server.url + "/health", timeout=2)
-    print("still answering?!")
-except httpx.ConnectError:
-    print("server stopped; engine loop alive:", server.engine_loop.alive)
+for running_server in (server, smol_server):
+    running_server.stop()
+    try:
+        httpx.get(running_server.url + "/health", timeout=2)
+        print("still answering?!")
+    except httpx.ConnectError:
+        print("server stopped; engine loop alive:", running_server.engine_loop.alive)
 
 # %% [markdown]
 # ## 9. The way out: the same client against vLLM
@@ -612,18 +724,21 @@ except httpx.ConnectError:
 #
 # ```bash
 # pip install vllm
-# vllm serve gpt2            # OpenAI-compatible server on port 8000
+# vllm serve HuggingFaceTB/SmolLM2-135M-Instruct      # OpenAI-compatible server on port 8000
 # ```
 #
 # then, from here, point the same code at it: `client = openai.OpenAI(base_url="http://HOST:8000/v1",
-# api_key="none")` and `model="gpt2"`; `run_load("http://HOST:8000/v1", prompts, 16, "gpt2")` measures
-# it. (vLLM accepts `ignore_eos` and `return_token_ids` too.) Set `VLLM_URL` before starting Jupyter and
-# the cell below does it.
+# api_key="none")` and `model="HuggingFaceTB/SmolLM2-135M-Instruct"`, for completions and chat alike;
+# `run_load("http://HOST:8000/v1", texts, 16, "HuggingFaceTB/SmolLM2-135M-Instruct")` measures it, with
+# the prompts as text (each model has its own token ids). (vLLM accepts `ignore_eos` and
+# `return_token_ids` too.) Set `VLLM_URL` (and `VLLM_MODEL` if it serves another model) before starting
+# Jupyter and the cell below does it.
 
 # %%
 VLLM_URL = os.environ.get("VLLM_URL")  # e.g. http://gpu-box:8000/v1
 if VLLM_URL:
-    res, secs = run_load(VLLM_URL, prompts, lengths, "gpt2")
+    texts = [engine.tokenizer.decode(p) for p in prompts]  # section 3's prompts, as text
+    res, secs = run_load(VLLM_URL, texts, lengths, os.environ.get("VLLM_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct"))
     print("vLLM:", format_summary(summarize(res, secs)))
 else:
     print("VLLM_URL is not set: no vLLM server to measure here (set it to http://HOST:8000/v1 and rerun).")
