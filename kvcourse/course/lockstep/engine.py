@@ -172,64 +172,114 @@ def _prompt(rng: random.Random, bases: list[list[int]], block_size: int) -> list
     return tokens or [1]
 
 
-def engine_config(rng: random.Random, exercise_id: str) -> dict:
-    """Sizes and knobs: tiny to huge budgets, block sizes 1-64, caches from 1 block; the exercise's own knobs."""
-    block_size = rng.choice(BLOCK_SIZES)
-    config = {
-        "block_size": block_size,
-        "num_blocks": rng.choice([1, 2, 3, 4, 6, 8, 12, 20, 40]),
-        "budget": rng.choice(BUDGETS),
-        "batch": rng.choice([1, 2, 3, 4, 8, 64]),
-        "caching": exercise_id.startswith(("3.", "4.", "7.5")) or rng.random() < 0.5,
-        "policy": "priority" if exercise_id == "7.1" else "fcfs",
-        "watermark": rng.choice([0.01, 0.1, 0.2, 0.34, 0.5]) if exercise_id == "7.2" else 0.0,
-        "mode": "swap" if exercise_id == "7.3" else "recompute",
-        "cpu_blocks": rng.choice([0, 1, 2, 3, 5, 50]) if exercise_id == "7.3" else 0,
-    }
-    if exercise_id == "7.3" and config["cpu_blocks"] == 0:
-        config["cpu_blocks"] = 4
+SCENARIOS = ("pressure", "budget", "prefix", "tiny", "mixed")
+PRESSURE_FIRST = ("pressure", "budget", "pressure", "prefix", "pressure")
+PREEMPTING = {"2.3", "2.6", "2.7", "2.8", "7.1", "7.3", "7.4"}  # exercises whose code runs under memory pressure
+
+
+def engine_config(rng: random.Random, exercise_id: str, scenario: str) -> dict:
+    """Sizes and knobs for the scenario: heavy preemption, a tight budget, shared prefixes, tiny caches, a mix."""
+    if scenario == "pressure":
+        config = {
+            "block_size": rng.choice([1, 2, 3, 4]),
+            "num_blocks": rng.choice([6, 8, 12]),
+            "budget": rng.choice([7, 16, 10**6]),
+            "batch": rng.choice([4, 8, 64]),
+        }
+    elif scenario == "budget":
+        config = {
+            "block_size": rng.choice([2, 4, 8]),
+            "num_blocks": rng.choice([30, 60]),
+            "budget": rng.choice([3, 5, 9, 13, 20]),
+            "batch": rng.choice([3, 8, 64]),
+        }
+    elif scenario == "prefix":
+        config = {
+            "block_size": rng.choice([1, 2, 3, 4]),
+            "num_blocks": rng.choice([8, 12, 20]),
+            "budget": rng.choice([4, 9, 10**6]),
+            "batch": rng.choice([2, 8]),
+        }
+    elif scenario == "tiny":
+        config = {
+            "block_size": rng.choice([1, 1, 16, 64]),
+            "num_blocks": rng.choice([1, 2, 3]),
+            "budget": rng.choice([1, 2, 3, 10**6]),
+            "batch": rng.choice([1, 2, 64]),
+        }
+    else:
+        config = {
+            "block_size": rng.choice(BLOCK_SIZES),
+            "num_blocks": rng.choice([2, 4, 8, 12, 20, 40]),
+            "budget": rng.choice(BUDGETS),
+            "batch": rng.choice([1, 2, 3, 4, 8, 64]),
+        }
+    caching = scenario == "prefix" or exercise_id.startswith(("3.", "4.", "7.5")) or rng.random() < 0.5
+    config.update(
+        caching=caching,
+        policy="priority" if exercise_id == "7.1" else "fcfs",
+        watermark=rng.choice([0.1, 0.2, 0.34, 0.5]) if exercise_id == "7.2" else 0.0,
+        mode="swap" if exercise_id == "7.3" else "recompute",
+        cpu_blocks=rng.choice([1, 2, 3, 4, 6, 50]) if exercise_id == "7.3" else 0,
+    )
     return config
 
 
 def engine_ops(exercise_id: str, seed: int, size: str) -> list:
-    """One seeded engine workload: a config, then adds, steps, aborts, resets, stale updates."""
+    """One seeded engine workload (scenario = seed mod 5): a config, then bursts of adds, steps, aborts, resets."""
     rng = random.Random(f"{exercise_id}/{seed}")
-    config = engine_config(rng, exercise_id)
+    scenarios = PRESSURE_FIRST if exercise_id in PREEMPTING else SCENARIOS
+    scenario = scenarios[seed % len(scenarios)]
+    config = engine_config(rng, exercise_id, scenario)
     bs = config["block_size"]
     bases = [[rng.randint(1, 40) for _ in range(4 * bs + 3)] for _ in range(2)]
-    ops: list = [["config", config]]
-    count = 40 if size == "small" else 160
+    ops: list = [["config", {**config, "scenario": scenario}]]
+    count = 45 if size == "small" else 180
     next_id = 0
-    for _ in range(count):
+    while len(ops) < count:
         roll = rng.random()
-        if roll < 0.3 or next_id == 0:
-            prompt = _prompt(rng, bases, bs)
-            if rng.random() < 0.08:  # can never fit
-                prompt = prompt * (config["num_blocks"] * bs // len(prompt) + 2)
-            outputs = [rng.randint(1, 40) for _ in range(rng.choice([0, 0, 0, 1, 3]))]
-            max_new = len(outputs) + rng.choice([0, 1, 1, 1, 2, 3, 6]) if rng.random() < 0.95 else len(outputs)
-            eos = rng.choice([None, None, None, sampled_token(next_id, len(prompt) + len(outputs) + 1)])
-            priority = rng.choice([0, 1, 2]) if exercise_id == "7.1" else 0
-            arrival = float(rng.choice([0, 1, 2, next_id]))
-            ops.append(["add", next_id, prompt, max_new, outputs, eos, priority, arrival])
-            next_id += 1
+        if roll < 0.4 or next_id == 0:
+            for _ in range(rng.choice([1, 1, 2, 3, 5])):
+                ops.append(_add_op(rng, exercise_id, scenario, config, bases, next_id))
+                next_id += 1
         elif roll < 0.85:
-            ops.append(["step"])
-        elif (roll < 0.92 and exercise_id in ("7.4", "2.3", "3.4")) or roll < 0.88:
+            ops += [["step"]] * rng.choice([1, 1, 2])
+        elif roll < 0.92 and exercise_id in ("7.4", "2.3", "3.4") or roll < 0.88:
             ops.append(["abort", rng.randrange(next_id + 1), rng.choice(["ABORTED", "FAILED", "FINISHED"])])
         elif roll < 0.95:
             ops.append(["reset"])
         else:
             ops.append(["stale" if rng.random() < 0.5 else "missing"])
-    ops += [["step"]] * (8 if size == "small" else 30)
+    ops += [["step"]] * (10 if size == "small" else 40)
     return ops
+
+
+def _add_op(rng: random.Random, exercise_id: str, scenario: str, config: dict, bases: list, rid: int) -> list:
+    """One request: a prompt that may share a prefix, may never fit, may come with outputs (resumed)."""
+    bs = config["block_size"]
+    prompt = _prompt(rng, bases, bs)
+    if scenario == "prefix" and rng.random() < 0.5:
+        prompt = list(rng.choice(bases)[: rng.choice([bs, 2 * bs, 2 * bs + 1, 4 * bs + 3])])
+    if scenario == "budget":
+        prompt = prompt[: rng.choice([1, 2, 5, 8, 13, 20])]
+    if scenario == "pressure":
+        prompt = prompt[: rng.choice([1, bs, 2 * bs])]
+    if rng.random() < 0.08:  # can never fit
+        prompt = prompt * (config["num_blocks"] * bs // len(prompt) + 2)
+    outputs = [rng.randint(1, 40) for _ in range(rng.choice([0, 0, 0, 1, 3]))]
+    extra = rng.choice([1, 1, 2, 3, 6] if scenario != "pressure" else [3, 5, 8, 12])
+    max_new = len(outputs) + (extra if rng.random() < 0.95 else 0)
+    eos = rng.choice([None, None, None, sampled_token(rid, len(prompt) + len(outputs) + 1)])
+    priority = rng.choice([0, 1, 2]) if exercise_id == "7.1" else 0
+    arrival = float(rng.choice([0, 1, 2, rid]))
+    return ["add", rid, prompt, max_new, outputs, eos, priority, arrival]
 
 
 def manager_ops(exercise_id: str, seed: int, size: str) -> list:
     """One seeded manager workload: requests allocated chunk by chunk, sampled, looked up, forked, freed."""
     rng = random.Random(f"m{exercise_id}/{seed}")
     bs = rng.choice(BLOCK_SIZES)
-    config = {"block_size": bs, "num_blocks": rng.choice([1, 2, 3, 5, 8, 16, 30]), "caching": True}
+    config = {"block_size": bs, "num_blocks": rng.choice([3, 5, 8, 16, 30]), "caching": True}
     bases = [[rng.randint(1, 40) for _ in range(4 * bs + 3)] for _ in range(2)]
     ops: list = [["config", config]]
     alive: list[int] = []
@@ -238,25 +288,27 @@ def manager_ops(exercise_id: str, seed: int, size: str) -> list:
         roll = rng.random()
         if roll < 0.2 or not alive:
             ops.append(["new", next_id, _prompt(rng, bases, bs)])
+            if rng.random() < 0.3:  # an empty first allocation, then the real one: still ONE admission
+                ops += [["alloc", next_id, 0], ["alloc", next_id, rng.choice([1, bs, 1000])]]
             alive.append(next_id)
             next_id += 1
             continue
         rid = rng.choice(alive)
         if roll < 0.35:
             ops.append(["admit", rid, rng.choice([1, 2, bs, 3 * bs, 1000])])
-        elif roll < 0.55:
+        elif roll < 0.45:
             ops.append(["alloc", rid, rng.choice([0, 1, 1, 2, bs - 1, bs, bs + 1, 5 * bs])])
         elif roll < 0.65:
-            ops.append(["sample", rid])
+            ops.append(["decode", rid] if rng.random() < 0.7 else ["sample", rid])
         elif roll < 0.72:
             ops.append(["free", rid])
         elif roll < 0.78:
             ops.append(["lookup", rid])
-        elif roll < 0.86:
+        elif roll < 0.9:
             ops.append(["fork", rid, next_id])
             alive.append(next_id)
             next_id += 1
-        elif roll < 0.9:
+        elif roll < 0.92:
             ops.append(["can", rid, rng.choice([0, 1, bs, 4 * bs])])
         elif roll < 0.94:
             ops.append(["take"])
@@ -406,6 +458,7 @@ def _call_name(op: list) -> str:
         "missing": "update_from_output",
         "admit": "get_computed_blocks + allocate_slots",
         "alloc": "allocate_slots",
+        "decode": "a sampled token, then allocate_slots(request, 1)",
         "lookup": "get_computed_blocks",
         "can": "can_allocate",
         "take": "take_pending_copies",
@@ -480,11 +533,16 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         if blocks is not None:
             request.num_computed_tokens += n
         return None if blocks is None else blocks.get_block_ids()
-    if kind == "sample":
+    if kind in ("sample", "decode"):
         if request.num_uncomputed_tokens:
             return _SKIP
         request.output_tokens.append(sampled_token(request.id, request.num_tokens))
-        return None
+        if kind == "sample":
+            return None
+        blocks = manager.allocate_slots(request, 1)
+        if blocks is not None:
+            request.num_computed_tokens += 1
+        return None if blocks is None else blocks.get_block_ids()
     if kind == "free":
         manager.free(request)
         request.num_computed_tokens = 0
@@ -500,9 +558,10 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         return [num_hit, [b.block_id for b in hits.blocks]]
     if kind == "can":
         return plain(manager.can_allocate(request, min(op[2], request.num_uncomputed_tokens)))
-    if kind == "fork":
-        if op[1] not in manager.req_to_blocks or request.num_uncomputed_tokens:
-            return _SKIP
+    if kind == "fork":  # the parent is first computed to its end (admitted, or its rest allocated)
+        ready = _compute_all(manager, request)
+        if ready is not True:
+            return ready
         child = Request(id=op[2], prompt_tokens=list(request.prompt_tokens), max_new_tokens=10_000)
         child.output_tokens = list(request.output_tokens)
         child.num_computed_tokens = request.num_computed_tokens
@@ -510,6 +569,23 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         manager.fork(request, child)
         return None
     raise ValueError(f"unknown op {op!r}")
+
+
+def _compute_all(manager, request: Request) -> object:
+    """Allocate whatever the request has not computed (admitting it if it holds nothing): True, or the refusal."""
+    if request.id not in manager.req_to_blocks and not request.num_computed_tokens:
+        hits, num_hit = manager.get_computed_blocks(request)
+        blocks = manager.allocate_slots(request, request.num_tokens - num_hit, num_hit, hits)
+        if blocks is None:
+            return ["admission refused", num_hit]
+        request.num_computed_tokens = request.num_tokens
+        return True
+    if request.num_uncomputed_tokens:
+        n = request.num_uncomputed_tokens
+        if manager.allocate_slots(request, n) is None:
+            return ["refused", n]
+        request.num_computed_tokens += n
+    return True
 
 
 def run_hashes(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
