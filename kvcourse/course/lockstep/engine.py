@@ -305,7 +305,16 @@ def manager_ops(exercise_id: str, seed: int, size: str) -> list:
         elif roll < 0.78:
             ops.append(["lookup", rid])
         elif roll < 0.9:
-            ops.append(["fork", rid, next_id])
+            if rng.random() < 0.5:
+                ops.append(["fork", rid, next_id])
+            else:  # the parent's table already covers its planned tokens: the child writes into shared blocks
+                parent = next_id  # a new parent whose table covers its planned prompt, not computed yet
+                ops += [["new", parent, _prompt(rng, bases, bs) + [1] * (2 * bs + 1)], ["reserve", parent]]
+                alive.append(parent)
+                next_id += 1
+                ops += [["forknow", parent, next_id], ["alloc_b", next_id]]
+            n = rng.choice([0, 1, bs - 1, bs, bs + 1, 2 * bs])
+            ops += [["can", next_id, n], ["alloc", next_id, n]]
             alive.append(next_id)
             next_id += 1
         elif roll < 0.92:
@@ -458,6 +467,9 @@ def _call_name(op: list) -> str:
         "missing": "update_from_output",
         "admit": "get_computed_blocks + allocate_slots",
         "alloc": "allocate_slots",
+        "reserve": "allocate_slots (planned, not computed yet)",
+        "alloc_b": "allocate_slots (up to a block boundary)",
+        "forknow": "fork",
         "decode": "a sampled token, then allocate_slots(request, 1)",
         "lookup": "get_computed_blocks",
         "can": "can_allocate",
@@ -527,8 +539,9 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         if blocks is not None:
             request.num_computed_tokens = num_hit + n
         return [num_hit, [b.block_id for b in hits.blocks], None if blocks is None else blocks.get_block_ids()]
-    if kind == "alloc":
-        n = min(op[2], request.num_uncomputed_tokens)
+    if kind in ("alloc", "alloc_b"):  # alloc_b: up to the next block boundary
+        to_boundary = manager.block_size - request.num_computed_tokens % manager.block_size
+        n = min(op[2] if kind == "alloc" else to_boundary, request.num_uncomputed_tokens)
         blocks = manager.allocate_slots(request, n)
         if blocks is not None:
             request.num_computed_tokens += n
@@ -558,10 +571,16 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         return [num_hit, [b.block_id for b in hits.blocks]]
     if kind == "can":
         return plain(manager.can_allocate(request, min(op[2], request.num_uncomputed_tokens)))
+    if kind == "reserve":  # a step planned (its blocks allocated) but not computed yet
+        blocks = manager.allocate_slots(request, request.num_uncomputed_tokens)
+        return None if blocks is None else blocks.get_block_ids()
+    if kind == "forknow" and op[1] not in manager.req_to_blocks:
+        return _SKIP
     if kind == "fork":  # the parent is first computed to its end (admitted, or its rest allocated)
         ready = _compute_all(manager, request)
         if ready is not True:
             return ready
+    if kind in ("fork", "forknow"):
         child = Request(id=op[2], prompt_tokens=list(request.prompt_tokens), max_new_tokens=10_000)
         child.output_tokens = list(request.output_tokens)
         child.num_computed_tokens = request.num_computed_tokens
