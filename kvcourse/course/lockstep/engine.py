@@ -214,13 +214,15 @@ def engine_config(rng: random.Random, exercise_id: str, scenario: str) -> dict:
             "budget": rng.choice(BUDGETS),
             "batch": rng.choice([1, 2, 3, 4, 8, 64]),
         }
+    if exercise_id == "7.3" and scenario == "pressure":  # blocks hold several tokens: CPU blocks != tokens
+        config["block_size"] = rng.choice([2, 3, 4])
     caching = scenario == "prefix" or exercise_id.startswith(("3.", "4.", "7.5")) or rng.random() < 0.5
     config.update(
         caching=caching,
         policy="priority" if exercise_id == "7.1" else "fcfs",
         watermark=rng.choice([0.1, 0.2, 0.34, 0.5]) if exercise_id == "7.2" else 0.0,
         mode="swap" if exercise_id == "7.3" else "recompute",
-        cpu_blocks=rng.choice([1, 2, 3, 4, 6, 50]) if exercise_id == "7.3" else 0,
+        cpu_blocks=rng.choice([1, 2, 3, 4, 5, 6, 50]) if exercise_id == "7.3" else 0,
     )
     return config
 
@@ -233,7 +235,7 @@ def engine_ops(exercise_id: str, seed: int, size: str) -> list:
     config = engine_config(rng, exercise_id, scenario)
     bs = config["block_size"]
     bases = [[rng.randint(1, 40) for _ in range(4 * bs + 3)] for _ in range(2)]
-    ops: list = [["config", {**config, "scenario": scenario}]]
+    ops: list = [["config", {**config, "scenario": scenario}], ["reset"], ["step"]]  # an idle engine first
     count = 45 if size == "small" else 180
     next_id = 0
     while len(ops) < count:
@@ -251,7 +253,7 @@ def engine_ops(exercise_id: str, seed: int, size: str) -> list:
         else:
             ops.append(["stale" if rng.random() < 0.5 else "missing"])
     ops += [["step"]] * (10 if size == "small" else 40)
-    return ops
+    return [*ops, ["reset"], ["reset"]]  # drained: the first reset unpublishes, the second finds nothing
 
 
 def _add_op(rng: random.Random, exercise_id: str, scenario: str, config: dict, bases: list, rid: int) -> list:
@@ -269,6 +271,14 @@ def _add_op(rng: random.Random, exercise_id: str, scenario: str, config: dict, b
     outputs = [rng.randint(1, 40) for _ in range(rng.choice([0, 0, 0, 1, 3]))]
     extra = rng.choice([1, 1, 2, 3, 6] if scenario != "pressure" else [3, 5, 8, 12])
     max_new = len(outputs) + (extra if rng.random() < 0.95 else 0)
+    if scenario == "pressure":  # long enough to grow into the others' memory, short enough to fit alone
+        room = config["num_blocks"] * bs - len(prompt) - len(outputs)
+        max_new = len(outputs) + max(1, min(extra, room * 3 // 4))
+    if rng.random() < 0.12:  # at the edge: prompt + max_new fills the whole cache exactly, or one token more
+        total = config["num_blocks"] * bs + rng.choice([-bs + 1, 0, 0, 1])
+        outputs = [rng.randint(1, 40) for _ in range(rng.choice([1, 2, 3]))]
+        prompt = (prompt * total)[: max(1, total // 2)]
+        max_new = max(len(outputs) + 1, total - len(prompt))
     eos = rng.choice([None, None, None, sampled_token(rid, len(prompt) + len(outputs) + 1)])
     priority = rng.choice([0, 1, 2]) if exercise_id == "7.1" else 0
     arrival = float(rng.choice([0, 1, 2, rid]))
