@@ -246,7 +246,7 @@ def engine_ops(exercise_id: str, seed: int, size: str) -> list:
                 next_id += 1
         elif roll < 0.85:
             ops += [["step"]] * rng.choice([1, 1, 2])
-        elif roll < 0.92 and exercise_id in ("7.4", "2.3", "3.4") or roll < 0.88:
+        elif (roll < 0.92 and exercise_id in ("7.4", "2.3", "3.4")) or roll < 0.88:
             ops.append(["abort", rng.randrange(next_id + 1), rng.choice(["ABORTED", "FAILED", "FINISHED"])])
         elif roll < 0.95:
             ops.append(["reset"])
