@@ -505,5 +505,28 @@ LEARNER_MUTANTS = [
     Mutant("7.5", "(escaped) reset returns False when nothing was published",
            "        if self.get_num_free_blocks() < self.num_blocks:\n            return False\n",
            "        if self.get_num_free_blocks() < self.num_blocks or not self.cached_block_hash_to_block:\n            return False\n"),
+    Mutant("0.1", "counts the keys only (no values)",
+           "    return 2 * _num_layers(config) * _kv_width(config) * _bytes_per_element(dtype)",
+           "    return _num_layers(config) * _kv_width(config) * _bytes_per_element(dtype)"),
+    Mutant("0.1", "assumes 2 bytes per element whatever the dtype",
+           "    return 2 * _num_layers(config) * _kv_width(config) * _bytes_per_element(dtype)",
+           "    return 2 * _num_layers(config) * _kv_width(config) * 2"),
+    Mutant("0.2", "(escaped) float division then int(): wrong above 2**53 bytes",
+           "    return memory_bytes // (seq_len * bytes_per_token)", "    return int(memory_bytes / (seq_len * bytes_per_token))"),
+    Mutant("0.2", "a partial sequence counts as one", "    return memory_bytes // (seq_len * bytes_per_token)",
+           "    return -(-memory_bytes // (seq_len * bytes_per_token))"),
+    Mutant("1.1", "(escaped) execute and update called inside the schedule phase",
+           "    with core.phase(\"schedule\"):\n        scheduler_output = core.scheduler.schedule_next_batch()\n"
+           "    if not scheduler_output:\n        raise Deadlock(describe_stall(core.scheduler, core.iteration))\n"
+           "    with core.phase(\"execute\", scheduler_output):\n        sampled_token_ids = core.executor.execute(scheduler_output)\n"
+           "    with core.phase(\"update\", scheduler_output):\n",
+           "    with core.phase(\"schedule\"):\n        scheduler_output = core.scheduler.schedule_next_batch()\n"
+           "        if not scheduler_output:\n            raise Deadlock(describe_stall(core.scheduler, core.iteration))\n"
+           "        sampled_token_ids = core.executor.execute(scheduler_output)\n"),
+    Mutant("1.1", "(escaped) deadlock raised only while requests are unfinished: an idle engine steps empty plans",
+           "    if not scheduler_output:\n", "    if not scheduler_output and core.scheduler.has_unfinished_requests():\n"),
+    Mutant("1.1", "the step returns nothing instead of the finished requests",
+           "        return core.scheduler.update_from_output(scheduler_output, sampled_token_ids)",
+           "        core.scheduler.update_from_output(scheduler_output, sampled_token_ids)\n        return []"),
 ]
 # fmt: on

@@ -14,13 +14,20 @@ from .engine import (
     run_hashes,
     run_manager,
 )
+from .small import memory_ops, run_memory, run_step, step_ops
 
 ENGINE = ("engine", engine_ops, guarded(run_engine))
 MANAGER = ("manager", manager_ops, guarded(run_manager))
 HASHES = ("hashes", hash_ops, guarded(run_hashes))
 COSTS = ("costs", costs_ops, guarded(run_costs))
 
+MEMORY = ("memory", memory_ops, guarded(run_memory))
+STEP = ("step", step_ops, guarded(run_step))
+
 WORKLOADS: dict[str, list[tuple]] = {
+    "0.1": [MEMORY],
+    "0.2": [MEMORY],
+    "1.1": [STEP],
     **{ex: [ENGINE] for ex in ("2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "7.1", "7.2", "7.4")},
     **{ex: [MANAGER, ENGINE] for ex in ("3.1", "3.2", "3.3", "3.4", "4.2", "4.3", "4.4", "4.5", "4.6", "7.5")},
     "4.1": [HASHES, MANAGER],
@@ -72,6 +79,11 @@ WORDS = {
     "recompute_seconds": "a recompute costs tokens x flops_per_token / flops_per_s",
     "swap_crossover": "the smallest n from 1 to max_tokens for which swap is strictly cheaper, else None",
     "error": "the contract says this call raises",
+    "type": "the result is a whole number (int), exact at any size: integer arithmetic, no float on the way",
+    "events": "engine_step makes exactly one plan inside core.phase('schedule'), executes that plan inside "
+    "core.phase('execute', plan), hands the executor's tokens to update_from_output inside core.phase('update', plan); "
+    "an empty plan raises Deadlock(describe_stall(...)), also on an idle engine",
+    "outputs": "each request's output_tokens and status after the step",
 }
 
 # What the contracts leave free: never compared.
