@@ -528,5 +528,36 @@ LEARNER_MUTANTS = [
     Mutant("1.1", "the step returns nothing instead of the finished requests",
            "        return core.scheduler.update_from_output(scheduler_output, sampled_token_ids)",
            "        core.scheduler.update_from_output(scheduler_output, sampled_token_ids)\n        return []"),
+    Mutant("5.1", "(escaped) the cache cloned and .data rebound instead of written in place",
+           "    key_cache.view(-1, *key_cache.shape[2:])[slots] = key.to(key_cache.dtype)\n",
+           "    flat = key_cache.reshape(-1, *key_cache.shape[2:]).clone()\n    flat[slots] = key.to(key_cache.dtype)\n"
+           "    key_cache.data = flat.view(key_cache.shape)\n"),
+    Mutant("5.1", "the values are written into the key cache too",
+           "    value_cache.view(-1, *value_cache.shape[2:])[slots] = value.to(value_cache.dtype)",
+           "    key_cache.view(-1, *key_cache.shape[2:])[slots] = value.to(key_cache.dtype)"),
+    Mutant("5.2", "a softmax without the running max (exp overflows past ~88 in float32)",
+           "        weights = torch.softmax(scores, dim=-1)\n        out[b]",
+           "        weights = scores.exp() / scores.exp().sum(dim=-1, keepdim=True)\n        out[b]"),
+    Mutant("5.2", "the scale hard-coded to 1/sqrt(D)",
+           "        scores = torch.einsum(\"hd,shd->hs\", query[b].float(), keys) * scale",
+           "        scores = torch.einsum(\"hd,shd->hs\", query[b].float(), keys) * query.shape[-1] ** -0.5"),
+    Mutant("5.2", "no float32 upcast (fp16 scores overflow past 65,504)",
+           "        keys = gather_kv(key_cache, block_tables[b], seq_len).float()  # [S, H, D]\n"
+           "        values = gather_kv(value_cache, block_tables[b], seq_len).float()  # [S, H, D]\n"
+           "        scores = torch.einsum(\"hd,shd->hs\", query[b].float(), keys) * scale\n",
+           "        keys = gather_kv(key_cache, block_tables[b], seq_len)\n"
+           "        values = gather_kv(value_cache, block_tables[b], seq_len)\n"
+           "        scores = torch.einsum(\"hd,shd->hs\", query[b], keys) * scale\n"),
+    Mutant("5.3", "(escaped) the scale ignored (1/sqrt(D) hard-coded)",
+           "    scores = torch.einsum(\"lhd,shd->hls\", query.float(), keys) * scale",
+           "    scores = torch.einsum(\"lhd,shd->hls\", query.float(), keys) * query.shape[-1] ** -0.5"),
+    Mutant("5.3", "the chunk's queries sit at positions 0 .. L-1 (the cached prefix forgotten)",
+           "    query_pos = torch.arange(seq_len - chunk_len, seq_len, device=query.device)",
+           "    query_pos = torch.arange(chunk_len, device=query.device)"),
+    Mutant("5.5", "(escaped) block ids in int32 (slots past 2**31 wrap around)",
+           "    slot_mapping = table[seq_of_token, positions // block_size] * block_size + positions % block_size",
+           "    slot_mapping = (table[seq_of_token, positions // block_size].int() * block_size + positions % block_size).int()"),
+    Mutant("5.5", "positions start at 0, not at position_ids_start",
+           "    positions = starts[seq_of_token] + offset_in_chunk", "    positions = offset_in_chunk"),
 ]
 # fmt: on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .attention import TOLERANCE, attention_ops, run_attention
 from .core import Rules
 from .engine import (
     costs_ops,
@@ -24,7 +25,10 @@ COSTS = ("costs", costs_ops, guarded(run_costs))
 MEMORY = ("memory", memory_ops, guarded(run_memory))
 STEP = ("step", step_ops, guarded(run_step))
 
+ATTENTION = ("attention", attention_ops, guarded(run_attention))
+
 WORKLOADS: dict[str, list[tuple]] = {
+    **{ex: [ATTENTION] for ex in ("5.1", "5.2", "5.3", "5.4", "5.5")},
     "0.1": [MEMORY],
     "0.2": [MEMORY],
     "1.1": [STEP],
@@ -84,6 +88,20 @@ WORDS = {
     "core.phase('execute', plan), hands the executor's tokens to update_from_output inside core.phase('update', plan); "
     "an empty plan raises Deadlock(describe_stall(...)), also on an idle engine",
     "outputs": "each request's output_tokens and status after the step",
+    "out_float32": "the output equals attention computed in float32 (the given scale; softmax over the keys the "
+    "query may see) within float32 rounding",
+    "out_float16": "the output, in float16, equals attention computed in float32 (scores past 65,504 must not "
+    "overflow: upcast first, subtract the running max) within float16 rounding",
+    "out_bfloat16": "the output, in bfloat16, equals attention computed in float32 within bfloat16 rounding",
+    "dtype": "the result keeps the dtype the contract names (the cache's or the query's)",
+    "shape": "the output has the query's shape",
+    "chunk_dtype": "_chunk_attention returns its [L, H, D] rows in the query's dtype",
+    "in_place": "the caches change IN PLACE: callers keep their references (a view of a bigger buffer too)",
+    "gather_kv": "gather_kv returns row p = the entry written for position p (block p // block_size, offset p % block_size)",
+    "gather_shape": "gather_kv returns [seq_len, H, D]",
+    "positions": "token positions start at position_ids_start of each sequence",
+    "slot_mapping": "slot = table[b, p // block_size] * block_size + p % block_size, exact for block ids past 2**31 (int64)",
+    "seq_lens": "seq_lens = tokens in the cache once the step has run",
 }
 
 # What the contracts leave free: never compared.
@@ -99,6 +117,6 @@ def rules_for(exercise_id: str) -> Rules:
     return Rules(
         words=WORDS,
         free=frozenset(free),
-        rel_tol={"swap_seconds": 1e-9, "recompute_seconds": 1e-9},
-        abs_tol={"swap_seconds": 1e-15, "recompute_seconds": 1e-15},
+        rel_tol={"swap_seconds": 1e-9, "recompute_seconds": 1e-9, **{f"out_{k}": v for k, v in TOLERANCE.items()}},
+        abs_tol={"swap_seconds": 1e-15, "recompute_seconds": 1e-15, **{f"out_{k}": v for k, v in TOLERANCE.items()}},
     )
