@@ -28,7 +28,7 @@ MODULES = ("memory", "step", "scheduler", "kv_cache", "eviction", "attention", "
 SEED_ENV = "KVCOURSE_LOCKSTEP_SEED"  # check("2.6", seed=N) runs only this seed
 REFERENCE_ENV = "KVCOURSE_REFERENCE_DIR"  # where the reference is read (the mutation check points at a clean copy)
 OBSERVE_TIMEOUT_S = 20.0  # one workload on one side: a learner's endless loop becomes a record, not a hang
-_BEGIN = "# BEGIN SOLUTION "
+_BEGIN = "# BEGIN " + "SOLUTION "  # split: no learner file may contain the marker itself
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def learner_modules() -> dict[str, ModuleType]:
 
 
 def region_owners(module: str) -> dict[str, set[str]]:
-    """qualname -> the exercise ids whose `# BEGIN SOLUTION x.y` regions lie in that function (solutions/)."""
+    """qualname -> the exercise ids whose solution regions (BEGIN SOLUTION x.y) lie in that function (solutions/)."""
     source = (solutions_dir() / f"{module}.py").read_text()
     lines = source.splitlines()
     owners: dict[str, set[str]] = {}
