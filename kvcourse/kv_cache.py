@@ -257,10 +257,14 @@ class KVCacheManager(KVCacheManagerBase):
         #     num_new_tokens tokens with no block to spare; every shared block this step writes into
         #     has been replaced by a private copy (self._shared_blocks_to_write finds them,
         #     self._copy_on_write makes the copies); the full blocks are offered to the prefix cache
-        #     (self._cache_full_blocks) and an admission is counted (self._record_admission with the
-        #     hit tokens); the result is KVCacheBlocks(copies + new blocks), empty if none were needed;
+        #     (self._cache_full_blocks) and, if this call is an ADMISSION, it is counted once
+        #     (self._record_admission with the hit tokens, 0 without hits); the result is
+        #     KVCacheBlocks(copies + new blocks), empty if none were needed;
         #   * or, if the free blocks are too few for ALL of that, it returns None and nothing at all
         #     has changed: no table, no ref count, no free-queue position, no pending copy.
+        # An ADMISSION is a call made while the manager holds no table for the request (request.id not
+        # in self.req_to_blocks): a new request, or one freed since (preempted). Even a call for 0 tokens
+        # creates the table, so the calls after it are not admissions, whatever num_computed_tokens says.
         # Careful: a hit on a FREE block (ref_cnt 0) also uses up a free block. Lesson 04 makes hits and
         # shared blocks real; until then `hits` is empty and nothing is shared.
         # TODO: Exercise 3.3: write your code here, then delete the raise below.

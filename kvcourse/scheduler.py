@@ -361,7 +361,8 @@ class StallFreeScheduler(SchedulerBase):
         #   nothing. Each request that is now complete (request.is_complete()) is finished with
         #   self._finish (Exercise 2.3). Returns the requests this update finished, in plan order.
         #   Bad input is a ValueError that says what was wrong: a sequence that should have sampled but
-        #   has no token, or a request that is not running (self._running, below, raises that one).
+        #   has no token, or a sequence (sampling or not) whose request is not running (self._running,
+        #   below, raises that one).
         # TODO: Exercise 2.5: write your code here, then delete the raise below.
         raise NotImplementedError(
             "Exercise 2.5 (Take the step's results in): not written yet: edit kvcourse/scheduler.py, StallFreeScheduler.update_from_output."

@@ -478,7 +478,8 @@ check("2.4")
 # sampled token per sequence whose `samples_token` is true. Write it: each such request gets its token appended;
 # a chunk that does not reach the end of its prompt samples nothing; every request that is now complete
 # is finished (your 2.3); the method returns the requests it finished. A sequence that should have sampled
-# but got no token is a `ValueError` that names the request.
+# but got no token is a `ValueError` that names the request, and so is any sequence of the plan (sampling
+# or not) whose request is not running (`_running` says so).
 
 # %%
 check("2.5")

@@ -232,6 +232,9 @@ check("3.2")
 # num_new_tokens` tokens, starting with the prefix-cache hits it was given (`new_computed_blocks`,
 # lesson 04: each gains a holder), and the call returns the blocks it took from the pool; or, when the
 # free blocks are too few for *everything* the step takes, it returns `None` and nothing has changed.
+# A call is an **admission** when the manager holds no table for the request yet (a new request, or one
+# freed since): even a call for 0 tokens creates the table, so the calls after it are not admissions.
+# Each admission is counted once, for the prefix-cache statistics.
 # The exercise holds three functions of `KVCacheManager`: `_num_new_blocks`, `can_allocate` (whether
 # `allocate_slots` would succeed right now, changing nothing: the same count, asked without committing)
 # and `allocate_slots`. Two things only lesson 04 makes real are already in the contract, so that you write the function

@@ -50,7 +50,13 @@ from mutants_learner import LEARNER_MUTANTS, Mutant  # noqa: E402  (the mutants 
 PYTEST_QUIET = ("-p", "no:randomly", "-p", "no:nbval", "-p", "no:anyio", "-p", "no:cacheprovider")
 PYTEST_QUIET += ("-o", "addopts=--strict-markers")
 COPIED = ("kvcourse", "solutions", "tests", "conftest.py", "pyproject.toml", "notebooks/sanitize.cfg")
-TEST_ENV = {"KVCOURSE_SOLUTIONS": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+TEST_ENV = {
+    "KVCOURSE_SOLUTIONS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    # the lockstep harness's reference: this checkout's clean solutions/, never the mutated copy under test
+    "KVCOURSE_REFERENCE_DIR": str(ROOT / "solutions"),
+}
 MUTANT_TIMEOUT, BASELINE_TIMEOUT = 600, 900  # seconds
 # The warm runner imports these once; none is part of the checkout, so no mutant can change them.
 WARM_IMPORTS = ("numpy", "torch", "pytest", "hypothesis", "hypothesis.stateful", "hypothesis.strategies",

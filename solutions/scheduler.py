@@ -416,13 +416,14 @@ class StallFreeScheduler(SchedulerBase):
         #   nothing. Each request that is now complete (request.is_complete()) is finished with
         #   self._finish (Exercise 2.3). Returns the requests this update finished, in plan order.
         #   Bad input is a ValueError that says what was wrong: a sequence that should have sampled but
-        #   has no token, or a request that is not running (self._running, below, raises that one).
+        #   has no token, or a sequence (sampling or not) whose request is not running (self._running,
+        #   below, raises that one).
         # BEGIN SOLUTION 2.5
         finished = []
         for sequence in scheduler_output:
+            request = self._running(sequence.request_id)  # every entry of the plan must be running
             if not sequence.samples_token:
                 continue  # a prefill chunk that does not reach the end samples nothing
-            request = self._running(sequence.request_id)
             if sequence.request_id not in sampled_token_ids:
                 raise ValueError(
                     f"No sampled token for request {sequence.request_id}, whose chunk reaches the end of "

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import json
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvcourse.course.exercises import get
@@ -102,14 +105,20 @@ def speak(message: str, exercise_id: str = "") -> str:
     return message
 
 
-def check(exercise_id: str) -> None:
-    """Run one exercise's tests and say: correct, incorrect (what failed, a hint) or not attempted."""
+def check(exercise_id: str, seed: int | None = None) -> None:
+    """Run one exercise's tests and say: correct, incorrect (what failed, a hint) or not attempted.
+
+    `seed=N` runs the lockstep comparison with the reference on that one seed only (the failure message
+    says which seed to pass, to reproduce it).
+    """
     exercise = get(exercise_id)
     print(f"Running the tests of Exercise {exercise.id} ...", flush=True)
     try:
         fingerprint = _fingerprint()
-        result = _grade([exercise.id])[0]
-        _VERDICTS[exercise.id] = (fingerprint, result)  # progress() shows it without grading it again
+        with _lockstep_seed(seed):
+            result = _grade([exercise.id])[0]
+        if seed is None:
+            _VERDICTS[exercise.id] = (fingerprint, result)  # progress() shows it without grading it again
     except CheckCrashed as error:
         print(f"{ICONS['incorrect']} Exercise {exercise.id} ({exercise.title}): the tests could not finish.")
         print(f"   What happened: {error}")
@@ -135,6 +144,27 @@ def check(exercise_id: str) -> None:
         print(f"   What failed: {speak(result['message'], exercise.id)}")
         if result["hint"]:
             print(f"   Hint: {result['hint']}")
+
+
+@contextlib.contextmanager
+def _lockstep_seed(seed: int | None) -> Iterator[None]:
+    """Pass check()'s seed to the grading process (it inherits this environment) for the call's duration."""
+    from kvcourse.course.lockstep.core import SEED_ENV
+
+    if seed is None:
+        yield
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed is {seed!r}; pass the whole number a failure message gave, e.g. seed=3.")
+    before = os.environ.get(SEED_ENV)
+    os.environ[SEED_ENV] = str(seed)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SEED_ENV, None)
+        else:
+            os.environ[SEED_ENV] = before
 
 
 def _reference_note() -> str:

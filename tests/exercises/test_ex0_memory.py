@@ -114,3 +114,21 @@ def test_the_count_is_a_whole_number():
 def test_the_byte_count_is_an_int():
     got = kv_bytes_per_token(gpt2_config("gpt2"), torch.float32)
     assert type(got) is int, "kv_bytes_per_token should return a plain int (not a bool or an int subclass)"
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [
+        pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_")))
+        for i in (
+            "0.1",
+            "0.2",
+        )
+    ],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

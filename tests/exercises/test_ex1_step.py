@@ -229,3 +229,15 @@ def test_the_step_is_the_one_every_engine_uses():
     assert recording.names().count("schedule") == recording.names().count("update") > 0, (
         "every step should plan once and update once"
     )
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_"))) for i in ("1.1",)],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

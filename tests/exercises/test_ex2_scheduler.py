@@ -1289,3 +1289,28 @@ def test_the_victim_is_the_newest_admission_even_when_it_arrived_first():
     assert scheduler._preempt_most_recent() is back, (
         "the victim is the most recently ADMITTED running request (active_pool's order), not the latest arrival"
     )
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [
+        pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_")))
+        for i in (
+            "2.1",
+            "2.2",
+            "2.3",
+            "2.4",
+            "2.5",
+            "2.6",
+            "2.7",
+            "2.8",
+            "2.9",
+        )
+    ],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

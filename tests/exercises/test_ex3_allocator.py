@@ -836,3 +836,23 @@ def test_preemption_and_sharing_leave_nothing_behind(seed):
     check_outputs(world, requests)
     assert not manager.req_to_blocks, "every request ended: the manager should hold no table"
     assert manager.get_num_free_blocks() == manager.num_blocks, "every request ended: every block should be free"
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [
+        pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_")))
+        for i in (
+            "3.1",
+            "3.2",
+            "3.3",
+            "3.4",
+        )
+    ],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

@@ -890,3 +890,25 @@ class WorldMachine(RuleBasedStateMachine):
 
 TestWorldMachine = pytest.mark.ex4_6(WorldMachine.TestCase)
 TestWorldMachine.settings = settings(max_examples=10, stateful_step_count=25, deadline=None, derandomize=True)
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [
+        pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_")))
+        for i in (
+            "4.1",
+            "4.2",
+            "4.3",
+            "4.4",
+            "4.5",
+            "4.6",
+        )
+    ],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

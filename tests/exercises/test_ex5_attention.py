@@ -603,3 +603,15 @@ def test_token_layout_uses_no_python_loop_over_tokens():
     expected_slots = table[seq, expected_positions // 16] * 16 + expected_positions % 16
     assert torch.equal(slots, expected_slots), "the slots of a large batch are wrong"
     assert torch.equal(seq_lens, starts + num_tokens), "seq_lens of a large batch are wrong"
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_"))) for i in ("5.1", "5.2", "5.3", "5.5")],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

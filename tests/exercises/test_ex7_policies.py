@@ -465,3 +465,24 @@ def test_reset_is_refused_while_an_unpublished_block_is_held() -> None:
         assert manager.reset_prefix_cache() is False, (
             "a block is held by a request (published or not): its K/V is in use, so the reset must be refused"
         )
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [
+        pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_")))
+        for i in (
+            "7.1",
+            "7.2",
+            "7.3",
+            "7.4",
+            "7.5",
+        )
+    ],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)
