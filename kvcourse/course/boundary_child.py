@@ -26,8 +26,21 @@ class CourseAnswerRefused(RuntimeError):
     """Raised by a course module the grader hides because it is the answer to the exercise being graded."""
 
 
+class Refusing:
+    """Whatever is done with it (called, or an attribute read) raises CourseAnswerRefused."""
+
+    def __init__(self, why: str) -> None:
+        object.__setattr__(self, "_why", why)
+
+    def __call__(self, *args, **kwargs):
+        raise CourseAnswerRefused(object.__getattribute__(self, "_why"))
+
+    def __getattr__(self, attr: str):
+        raise CourseAnswerRefused(object.__getattribute__(self, "_why"))
+
+
 def refusing_module(name: str, exercise_id: str) -> types.ModuleType:
-    """A stand-in for `name` whose every attribute, when called, raises CourseAnswerRefused."""
+    """A stand-in for `name` whose every attribute refuses (CourseAnswerRefused) when used."""
     module = types.ModuleType(name)
     why = (
         f"Exercise {exercise_id} is graded without the course's own {name}: it is the answer to this exercise. "
@@ -37,11 +50,7 @@ def refusing_module(name: str, exercise_id: str) -> types.ModuleType:
     def __getattr__(attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-
-        def refused(*args, **kwargs):
-            raise CourseAnswerRefused(why)
-
-        return refused
+        return Refusing(why)
 
     module.__getattr__ = __getattr__  # type: ignore[attr-defined]
     return module

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-SEEDS = {"0.1": [0, 1, 2], "0.2": [0, 1, 2]}
+SEEDS = {"0.1": [0, 1, 2], "0.2": [0, 1, 2], "5.2": [0, 1]}
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ def observe(exercise_id: str, seed: int, modules: Mapping[str, ModuleType], size
     """Call the exercise's function on seeded inputs; record what it returned, as plain data."""
     import torch
 
+    if exercise_id == "5.2":
+        return _decode(seed, modules["attention"])
     memory = modules["memory"]
     records = []
     for index, config in enumerate(_configs(seed)):
@@ -56,6 +58,19 @@ def observe(exercise_id: str, seed: int, modules: Mapping[str, ModuleType], size
             got = memory.max_sequences(budget, length, 4096 * (index + 1))
             records.append({"call": f"max_sequences({budget}, {length}, ...)", "type": type(got).__name__, "value": got})  # fmt: skip
     return records
+
+
+def _decode(seed: int, attention: ModuleType) -> list[dict]:
+    """Paged decode attention on a tiny seeded cache: two sequences of two-token blocks."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    key_cache, value_cache = (torch.randn(4, 2, 2, 4, generator=generator) for _ in range(2))
+    query = torch.randn(2, 2, 4, generator=generator)
+    tables, lengths = torch.tensor([[0, 1], [2, 3]]), torch.tensor([3, 2])
+    got = attention.paged_decode_attention(query, key_cache, value_cache, tables, lengths)
+    values = [round(float(x), 4) for x in got.flatten()] if isinstance(got, torch.Tensor) else repr(got)[:200]
+    return [{"call": "paged_decode_attention(seeded cache)", "type": type(got).__name__, "value": values}]
 
 
 def compare(exercise_id: str, seed: int, expected: list[dict], got: list[dict]) -> Divergence | None:
