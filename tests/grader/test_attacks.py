@@ -18,32 +18,20 @@ from pathlib import Path
 import pytest
 
 from kvcourse.course import boundary, grade, gradescope
+from tests.grader.support import OBSERVER, python_for_child, why_not_here
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTACKS = Path(__file__).resolve().parent / "attacks"
-OBSERVER = str(Path(__file__).resolve().parent / "fake_observer.py")
 GRADED = ["0.1", "0.2", "5.2"]  # what the fake observer knows
 FAST = boundary.Limits(run_s=90, child_s=25)
 
 
-def _python_for_child() -> str | None:
-    """An interpreter the unprivileged user can run: this one, or the system's of the same version."""
-    for python in (sys.executable, f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"):
-        try:
-            boundary.child_user(ROOT, python)
-            return python
-        except boundary.Refused:
-            continue
-    return None
-
-
 @pytest.fixture(scope="module")
 def child_python() -> str:
-    if os.geteuid() != 0:
-        pytest.skip("the classroom grader needs root to run submitted code as another user (CI runs as root)")
-    python = _python_for_child()
-    if python is None:
-        pytest.skip("no Python here that the unprivileged user can run (with torch) for the grader's children")
+    why = why_not_here()
+    if why:
+        pytest.skip(why)
+    python = python_for_child()
     previous = os.environ.get("KVCOURSE_GRADER_PYTHON")
     os.environ["KVCOURSE_GRADER_PYTHON"] = python
     yield python
