@@ -60,8 +60,10 @@ def run_autograder(autograder_zip: Path, root: Path, modules: dict[str, str]) ->
         source.parent.chmod(0o755)
         with zipfile.ZipFile(autograder_zip) as archive:
             archive.extractall(source)
+        for script in ("setup.sh", "run_autograder"):
+            (source / script).chmod(0o755)  # extractall drops the modes; Gradescope keeps them
         for path in [source, *source.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)  # what setup.sh's chmod -R a+rX does
+            path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))  # setup.sh's chmod -R a+rX
         submission.mkdir(parents=True)
         for module, text in modules.items():
             (submission / f"{module}.py").write_text(text)

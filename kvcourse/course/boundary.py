@@ -50,7 +50,7 @@ USERS = ("kvgrader", "nobody")  # the first that exists runs the submitted code
 PRIVATE = ("solutions", "tests", "grader")  # folders of the course the child must not read
 # Course modules that are the answer to an exercise: replaced, in that exercise's child, by one that refuses.
 REFUSED_MODULES = {"5.2": ("kvcourse.backends.fast",), "5.3": ("kvcourse.backends.fast",)}
-TMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")  # where a child could leave files behind
+TMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # where a child could leave files behind
 
 
 class Refused(RuntimeError):
@@ -319,9 +319,12 @@ def remove(path: Path) -> None:
 
 
 def remove_user_files(uid: int, since: float, folders=TMP_FOLDERS) -> list[str]:
-    """Remove what `uid` made since `since` (a time.time()) at the top of the shared temporary folders."""
+    """Remove what `uid` made since `since` (a time.time()) in the shared temporary folders and the
+    world-writable folders inside them (/tmp/.X11-unix, say), three levels down at most."""
     removed = []
-    for folder in map(Path, folders):
+    stack = [(Path(folder), 0) for folder in folders]
+    while stack:
+        folder, depth = stack.pop()
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             for entry in list(entries):
                 with contextlib.suppress(OSError):
@@ -329,6 +332,8 @@ def remove_user_files(uid: int, since: float, folders=TMP_FOLDERS) -> list[str]:
                     if info.st_uid == uid and info.st_ctime >= since - 1:
                         remove(Path(entry.path))
                         removed.append(entry.path)
+                    elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o002 and depth < 3:
+                        stack.append((Path(entry.path), depth + 1))
     return removed
 
 

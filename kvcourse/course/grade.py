@@ -80,8 +80,8 @@ def _import_error_message(longrepr: str) -> str:
 class _Collector:
     """A pytest plugin that records every graded test's outcome and drives a progress bar.
 
-    `emit`, when given, receives one dict per event as it happens (the sandbox's child streams them to its
-    parent): {"start": nodeid} before a test, {"test": {...outcome}} after it, {"collect_error": ...}.
+    `emit`, when given, receives one dict per event as it happens: {"start": nodeid} before a test,
+    {"test": {...outcome}} after it, {"collect_error": ...}.
     """
 
     def __init__(self, show_progress: bool, emit: Callable[[dict], None] | None = None) -> None:
