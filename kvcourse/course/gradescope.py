@@ -60,7 +60,7 @@ python3 -m pip install -e .
 # The user the submitted code runs as: it owns nothing, so it cannot write the results or the course.
 id kvgrader >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin kvgrader
 # The interpreter, its packages and the course readable to kvgrader; the tests and the reference's observations not.
-chmod -R a+rX . "$(python3 -c 'import sys; print(sys.prefix)')"
+chmod -R a+rX . $(python3 -c 'import site; print(" ".join(site.getsitepackages()))')
 chmod -R go= grader tests
 """
 

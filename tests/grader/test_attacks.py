@@ -185,3 +185,9 @@ def test_the_child_user_cannot_read_what_the_grader_protects(child_python):
     for name in ("solutions", "tests"):
         mode = (ROOT / name).stat().st_mode
         assert mode & 0o077 == 0, f"{name}/ is readable by others"
+
+
+def test_a_run_out_of_time_still_lists_every_exercise(tmp_path, reference):
+    tests = graded(submission_with(tmp_path, memory=solution("memory")), tmp_path, reference, boundary.Limits(run_s=1))
+    assert {n: t["score"] for n, t in tests.items()} == dict.fromkeys(GRADED, 0.0), tests
+    assert all("time limit ran out" in tests[n]["output"] for n in ("0.1", "0.2")), tests
