@@ -133,6 +133,7 @@ class ChildReport:
     records: dict[tuple[str, int], dict] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
     ending: str = ""
+    fatal: str = ""  # the child's own words on why it could not observe at all (the grader's problem, or not)
 
 
 def read_child(fd: int, seeds: dict[str, list[int]], limits: Limits, deadline: float) -> ChildReport:
@@ -166,7 +167,9 @@ def read_child(fd: int, seeds: dict[str, list[int]], limits: Limits, deadline: f
             if record.get("end") is True:
                 report.ending = ""
                 return report
-            if isinstance(record.get("start"), str) and record["start"] in seeds:
+            if isinstance(record.get("fatal"), str):
+                report.fatal = record["fatal"][:2000]
+            elif isinstance(record.get("start"), str) and record["start"] in seeds:
                 report.started.append(record["start"])
             elif valid(record, seeds):
                 report.records.setdefault((record["exercise"], record["seed"]), record)  # the first one counts
@@ -436,7 +439,7 @@ def reference_observations(
         for seed in ex_seeds:
             record = report.records.get((ex, seed))
             if record is None or "observations" not in record:
-                why = record.get("error") if record else report.ending or "no record"
+                why = record.get("error") if record else report.fatal or report.ending or "no record"
                 raise RuntimeError(f"the reference could not be observed on {ex}, seed {seed}: {why}")
             out.setdefault(ex, {})[seed] = record["observations"]
     return out

@@ -123,7 +123,11 @@ def main() -> None:
     for name, exercise_id in request.get("refuse", {}).items():
         sys.modules[name] = refusing_module(name, exercise_id)
     sys.meta_path.insert(0, SubmittedFinder(Path(request["folder"]), set(names)))
-    observer = load_observer(request["observer"])
+    try:
+        observer = load_observer(request["observer"])
+    except BaseException as error:  # the grader's own failure (a missing observer): say it, then stop
+        emit({"fatal": f"the observer {request['observer']} could not be loaded: {describe(error)}"})
+        os._exit(3)
     modules = LazyModules(names)
     for exercise in request["exercises"]:
         emit({"start": exercise["id"]})

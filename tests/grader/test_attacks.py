@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,7 @@ def graded(submission: Path, tmp_path: Path, reference: dict, limits=FAST, ids=G
     assert sorted(p.name for p in out.parent.iterdir()) == ["results.json"], "nothing else in the results folder"
     assert set(leftovers(user.uid)) <= before, "the submission left a process or a file behind"
     assert not list(Path("/tmp").glob("kvcourse-attack-*")), "an attack's file survived"
+    assert not list(Path(tempfile.gettempdir()).glob("kvcourse-boundary-*")), "the grader's scratch survived"
     return {t["number"]: t for t in data["tests"]}
 
 
