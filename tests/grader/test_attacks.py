@@ -193,3 +193,33 @@ def test_a_run_out_of_time_still_lists_every_exercise(tmp_path, reference):
     tests = graded(submission_with(tmp_path, memory=solution("memory")), tmp_path, reference, boundary.Limits(run_s=1))
     assert {n: t["score"] for n, t in tests.items()} == dict.fromkeys(GRADED, 0.0), tests
     assert all("time limit ran out" in tests[n]["output"] for n in ("0.1", "0.2")), tests
+
+
+def test_the_child_is_another_user_in_its_own_session_under_limits_it_cannot_raise(tmp_path, child_python):
+    """What the child sees of itself, through an observer that reports it (no torch, no submitted module)."""
+    observer = tmp_path / "whoami.py"
+    observer.write_text(
+        "import os, resource\n"
+        "def observe(exercise_id, seed, modules, size='small'):\n"
+        "    limits = {n: resource.getrlimit(getattr(resource, n)) for n in ('RLIMIT_AS', 'RLIMIT_NPROC', 'RLIMIT_FSIZE')}\n"
+        "    try:\n"
+        "        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "        raised = True\n"
+        "    except (ValueError, OSError):\n"
+        "        raised = False\n"
+        "    return [{'uid': os.getuid(), 'groups': os.getgroups(), 'session': os.getsid(0) == os.getpid(),\n"
+        "             'limits': limits, 'raised': raised, 'cwd_mode': oct(os.stat('.').st_mode & 0o777)}]\n"
+    )  # fmt: skip
+    user = boundary.child_user(ROOT)
+    limits = boundary.Limits(memory_bytes=3 << 30)
+    job = boundary.Job({"0.1": [0]}, {}, str(observer))
+    scratch = Path(tempfile.mkdtemp())
+    scratch.chmod(0o711)
+    try:
+        report = boundary.run_child(job, user, limits, 60, scratch)
+    finally:
+        boundary.remove(scratch)
+    seen = report.records[("0.1", 0)]["observations"][0]
+    assert (seen["uid"], seen["groups"], seen["session"], seen["raised"]) == (user.uid, [], True, False), seen
+    assert seen["limits"]["RLIMIT_AS"] == [3 << 30, 3 << 30] and seen["limits"]["RLIMIT_NPROC"][1] == limits.processes
+    assert seen["cwd_mode"] == "0o700"
