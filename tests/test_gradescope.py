@@ -84,7 +84,7 @@ def run_autograder(autograder_zip: Path, root: Path, modules: dict[str, str]) ->
 
 
 @pytest.mark.slow
-def test_run_autograder_grades_a_half_solved_submission(autograder_zip, tmp_path):
+def test_run_autograder_grades_a_half_solved_submission(autograder_zip, tmp_path, monkeypatch):
     """Exercise 0.1 solved, 0.2 left as its stub: exactly 0.1's point."""
     memory = (ROOT / "solutions" / "memory.py").read_text().split("def max_sequences")[0] + (
         "def max_sequences(memory_bytes: int, seq_len: int, bytes_per_token: int) -> int:\n"
@@ -98,6 +98,14 @@ def test_run_autograder_grades_a_half_solved_submission(autograder_zip, tmp_path
     assert "correct" in scores["0.1"]["output"]
     assert (scores["0.2"]["score"], scores["0.2"]["status"]) == (0, "failed"), scores["0.2"]
     assert results["score"] == 1.0
+    # the nbgrader route (this clone, the reference's observations made from solutions/) says the same
+    monkeypatch.setenv("KVCOURSE_GRADER_PYTHON", python_for_child() or sys.executable)
+    clone = gradescope.grade_submission(
+        tmp_path / "submission", tmp_path / "clone.json", GRADED, log=lambda _: None, observer=OBSERVER
+    )
+    assert [(t["number"], t["score"], t["output"]) for t in clone["tests"]] == [
+        (t["number"], t["score"], t["output"]) for t in results["tests"]
+    ]
 
 
 @pytest.mark.slow
