@@ -47,7 +47,7 @@ from kvcourse.course.results import CORRECT, INCORRECT, NOT_ATTEMPTED, ExerciseR
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OBSERVER = os.environ.get("KVCOURSE_OBSERVER", "kvcourse.course.lockstep")
 USERS = ("kvgrader", "nobody")  # the first that exists runs the submitted code
-PRIVATE = ("solutions", "tests", "grader")  # folders of the course the child must not read
+PUBLIC = ("kvcourse",)  # the only folder of the course the child reads (its exercise modules excepted)
 # Course modules that are the answer to an exercise: replaced, in that exercise's child, by one that refuses.
 REFUSED_MODULES = {"5.2": ("kvcourse.backends.fast",), "5.3": ("kvcourse.backends.fast",)}
 TMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # where a child could leave files behind
@@ -264,12 +264,29 @@ def _env(work: Path) -> dict[str, str]:
 
 
 def protect(course: Path, log: Callable[[str], None] = print) -> None:
-    """Make the reference, the tests and the grader's files readable by their owner only (0700)."""
-    for name in PRIVATE:
-        folder = course / name
-        if folder.is_dir() and not folder.is_symlink() and stat.S_IMODE(folder.stat().st_mode) & 0o077:
-            folder.chmod(0o700)
-            log(f"made {folder} private (0700): submitted code must not read it.")
+    """Make every folder of the course but kvcourse/ (and the interpreter's) private to its owner (0700).
+
+    The reference (solutions/), the tests, the grader's files (grader/), git's history (.git), the scripts
+    whose mutants quote the reference: the child reads none of them. The exercise modules lying in
+    kvcourse/ (stubs, or an instructor's own work) become 0600: the child gets its own copies.
+    """
+    needed = [Path(p).resolve() for p in (sys.prefix, *_site_paths())]
+    hidden = []
+    for entry in sorted(course.iterdir()):
+        if entry.is_symlink() or not entry.is_dir() or entry.name in PUBLIC:
+            continue
+        if any(entry.resolve() in (p, *p.parents) for p in needed):
+            continue  # the interpreter or its packages live here (a .venv in the clone)
+        if stat.S_IMODE(entry.stat().st_mode) & 0o077:
+            entry.chmod(0o700)
+            hidden.append(entry.name)
+    for module in sorted(EXERCISE_MODULES):
+        path = course / "kvcourse" / f"{module}.py"
+        if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) & 0o077:
+            path.chmod(0o600)
+            hidden.append(f"kvcourse/{module}.py")
+    if hidden:
+        log(f"made private (owner only), so that submitted code cannot read them: {', '.join(hidden)}.")
 
 
 def _limit_child(limits: Limits, cpu_s: int) -> Callable[[], None]:
