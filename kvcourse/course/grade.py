@@ -33,7 +33,6 @@ from kvcourse.course.results import (
     TestOutcome,
     id_key,
     summarize,
-    write_results,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,8 +80,8 @@ def _import_error_message(longrepr: str) -> str:
 class _Collector:
     """A pytest plugin that records every graded test's outcome and drives a progress bar.
 
-    `emit`, when given, receives one dict per event as it happens (the sandbox's child streams them to its
-    parent): {"start": nodeid} before a test, {"test": {...outcome}} after it, {"collect_error": ...}.
+    `emit`, when given, receives one dict per event as it happens: {"start": nodeid} before a test,
+    {"test": {...outcome}} after it, {"collect_error": ...}.
     """
 
     def __init__(self, show_progress: bool, emit: Callable[[dict], None] | None = None) -> None:
@@ -252,6 +251,25 @@ def questions_scoreboard() -> str:
     return "\n".join(lines)
 
 
+def _gradescope(out: Path, exercise_ids: list[str] | None, solutions: bool, parser) -> int:
+    """`--gradescope F`: grade kvcourse/ (or solutions/) through the classroom boundary, never in this process."""
+    from kvcourse.course import gradescope
+
+    for exercise_id in exercise_ids or []:
+        if exercise_id not in EXERCISES:
+            parser.error(f"unknown exercise {exercise_id!r}: choose from {', '.join(EXERCISES)}.")
+    folder = ROOT / ("solutions" if solutions else "kvcourse")
+    texts = {ex.module: (folder / f"{ex.module}.py").read_text() for ex in EXERCISES.values()}
+    try:
+        data = gradescope.grade_submission(None, out, exercise_ids, texts=texts)
+    except gradescope.GraderBroken as error:
+        print(f"grade: {error} (wrote {out}, which says so)", file=sys.stderr)
+        return 2
+    print("\n".join(test["output"] for test in data["tests"]))
+    print(f"score {data['score']} of {len(data['tests'])}; wrote {out}")
+    return 0 if data["score"] == sum(test["max_score"] for test in data["tests"]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: print the scoreboard (or JSON) and exit 0 only if all pass."""
     parser = argparse.ArgumentParser(prog="python -m kvcourse grade", description="Grade the course exercises.")
@@ -260,17 +278,22 @@ def main(argv: list[str] | None = None) -> int:
         "--solutions", action="store_true", help="grade the reference in solutions/ (KVCOURSE_SOLUTIONS is ignored)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--gradescope", metavar="PATH", type=Path, help="also write Gradescope's results.json to PATH")
+    parser.add_argument(
+        "--gradescope",
+        metavar="PATH",
+        type=Path,
+        help="grade through the classroom grader's boundary (as root) and write Gradescope's results.json to PATH",
+    )
     args = parser.parse_args(argv)
     ignored = not args.solutions and os.environ.get("KVCOURSE_SOLUTIONS", "").strip() not in ("", "0")
     if ignored and not args.json:
         print("KVCOURSE_SOLUTIONS is set but ignored: grading kvcourse/ (pass --solutions for the reference).")
+    if args.gradescope:
+        return _gradescope(args.gradescope, args.exercises or None, args.solutions, parser)
     try:
         results = run(args.exercises or None, solutions=args.solutions, show_progress=not args.json)
     except ValueError as error:
         parser.error(str(error))
-    if args.gradescope:
-        write_results(args.gradescope, results)
     if args.json:
         graded = "solutions/" if args.solutions else "kvcourse/"
         print(json.dumps({"solutions": args.solutions, "graded": graded, "results": [asdict(r) for r in results]}))

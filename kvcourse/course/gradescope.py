@@ -5,10 +5,11 @@
     python -m kvcourse.course.gradescope place SUBMISSION_DIR --into COURSE_COPY   # write its modules, stubs for the rest
 
 The zip holds exactly the tracked course files the grading needs, with fresh stubs (never the reference: a
-submission could import it), a `setup.sh` that installs it and a `run_autograder` that runs `grade` on
-/autograder/submission. `grade` copies the course to a scratch folder without solutions/, reads each submitted
-module with the static check (kvcourse/course/static_check.py), and runs the graded tests in sandboxed child
-processes (kvcourse/course/sandbox.py); this process never imports submitted code and always writes results.json.
+submission could import it), the reference's observations (grader/reference.json, private to root), a
+`setup.sh` that installs it and a `run_autograder` that runs `grade` on /autograder/submission. `grade` reads
+the submitted modules as text and grades them through the trust boundary (kvcourse/course/boundary.py): the
+submitted code runs only in unprivileged children that report observations, and this process compares them
+with the reference's, scores them and always writes results.json.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -39,6 +39,10 @@ SOURCES = ["pyproject.toml", "README.md", "conftest.py", "kvcourse", "tests/exer
 NEVER_SHIPPED = (".orig", ".rej", ".bak", ".pyc", ".swp", "~")  # editor and merge leftovers
 SKIPPED_FOLDERS = {"solutions", ".venv", "site-packages", "__MACOSX", ".ipynb_checkpoints", ".git", "__pycache__"}
 MAX_MODULE_BYTES = 512 << 10  # a submitted module larger than this is not read (the reference's largest: 40 kB)
+MAX_DEPTH = 8  # folders deeper than this in a submission are not searched (a module sits at most a few deep)
+MAX_ENTRIES = 20_000  # files and folders looked at in one submission
+REFERENCE = "grader/reference.json"  # in an autograder: the reference's observations, readable by root only
+OBSERVER_FILE = "grader/observer.py"  # in an autograder built with an observer file instead of a module
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, when the autograder image is built: install the course.
@@ -55,11 +59,13 @@ python3 -m pip install torch --index-url https://download.pytorch.org/whl/cpu
 python3 -m pip install -e .
 # The user the submitted code runs as: it owns nothing, so it cannot write the results or the course.
 id kvgrader >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin kvgrader
-chmod -R a+rX .
+# The interpreter, its packages and the course readable to kvgrader; the tests and the reference's observations not.
+chmod -R a+rX . $(python3 -c 'import site; print(" ".join(site.getsitepackages()))')
+chmod -R go= grader tests
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for each submission: grade it in a sandbox, write results.json (always).
+# Gradescope runs this for each submission: grade it through the boundary, write results.json (always).
 # KVCOURSE_AUTOGRADER_ROOT stands in for /autograder (tests use a temporary one).
 set -uo pipefail
 AUTOGRADER="${KVCOURSE_AUTOGRADER_ROOT:-/autograder}"
@@ -96,20 +102,7 @@ def find_submission(submission: Path) -> tuple[dict[str, str], list[str]]:
     if not submission.is_dir():
         raise ValueError(f"submission folder {submission} does not exist: pass the folder Gradescope unpacked.")
     wanted = {f"{m}.py": m for m in EXERCISE_MODULES}
-    candidates: dict[str, list[Path]] = {}
-    ignored, others = [], 0
-    for folder, dirs, files in os.walk(submission, followlinks=False):
-        here = Path(folder)
-        for name in list(dirs):
-            if name in SKIPPED_FOLDERS or (here / name).is_symlink():
-                dirs.remove(name)
-            if name in wanted:
-                ignored.append(f"{(here / name).relative_to(submission)} (a folder, not a file)")
-        for name in files:
-            if name in wanted:
-                candidates.setdefault(wanted[name], []).append(here / name)
-            else:
-                others += 1
+    candidates, ignored, others = _walk(submission, wanted)
     found = {}
     for module, paths in sorted(candidates.items()):
         paths.sort(key=lambda p: (p.parent.name != "kvcourse", len(p.parts), str(p)))
@@ -124,7 +117,45 @@ def find_submission(submission: Path) -> tuple[dict[str, str], list[str]]:
                 found[module] = path.read_bytes().decode("utf-8-sig")  # a Windows editor's BOM is not code
     if others:
         ignored.append(f"{others} other file(s): only the exercise modules are graded")
-    return found, ignored
+    return found, [_printable(note) for note in ignored]
+
+
+def _printable(text: str) -> str:
+    """A note about a file whose name is not UTF-8 (or holds a newline), safe to print and to store."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\n", "\\n")
+
+
+def _walk(submission: Path, wanted: dict[str, str]) -> tuple[dict[str, list[Path]], list[str], int]:
+    """Candidate files per module, notes, and the count of other files: no recursion, bounded depth and size."""
+    candidates: dict[str, list[Path]] = {}
+    ignored, others, seen = [], 0, 0
+    stack = [(submission, 0)]
+    while stack:
+        here, depth = stack.pop()
+        try:
+            with os.scandir(here) as listing:
+                entries = list(listing)
+        except OSError as error:
+            ignored.append(f"{here.relative_to(submission)} (could not be listed: {error.strerror})")
+            continue
+        for entry in sorted(entries, key=lambda e: e.name):
+            seen += 1
+            if seen > MAX_ENTRIES:
+                ignored.append(f"everything after the first {MAX_ENTRIES} files and folders")
+                return candidates, ignored, others
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name in wanted:
+                    ignored.append(f"{path.relative_to(submission)} (a folder, not a file)")
+                elif depth >= MAX_DEPTH:
+                    ignored.append(f"{path.relative_to(submission)} (deeper than {MAX_DEPTH} folders: not searched)")
+                elif entry.name not in SKIPPED_FOLDERS:
+                    stack.append((path, depth + 1))
+            elif entry.name in wanted:
+                candidates.setdefault(wanted[entry.name], []).append(path)
+            else:
+                others += 1
+    return candidates, ignored, others
 
 
 def _unreadable(path: Path) -> str | None:
@@ -246,13 +277,25 @@ def course_files() -> dict[str, bytes]:
     return files
 
 
-def build(out: Path) -> list[str]:
-    """Write the autograder zip: the course files, setup.sh and run_autograder at its root; return the names."""
+def build(out: Path, observer: str | None = None, exercise_ids: list[str] | None = None) -> list[str]:
+    """Write the autograder zip: the course files, the reference's observations, setup.sh and run_autograder."""
+    from kvcourse.course import boundary
+
     if out.suffix != ".zip":
         raise ValueError(
             f"{out}: the autograder must be a .zip file (Gradescope's format); name it e.g. autograder.zip."
         )
     files = course_files()
+    observer = observer or boundary.DEFAULT_OBSERVER
+    ids = exercise_ids or list(EXERCISES)
+    reference = boundary.reference_observations(ids, observer)
+    shipped = observer
+    if observer.endswith(".py"):  # an observer file (the tests' stand-in) ships beside the observations
+        files[OBSERVER_FILE] = Path(observer).read_bytes()
+        shipped = OBSERVER_FILE
+    with tempfile.TemporaryDirectory() as folder:
+        boundary.save_reference(Path(folder) / "reference.json", reference, shipped, "small")
+        files[REFERENCE] = (Path(folder) / "reference.json").read_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
     names = []
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -263,95 +306,102 @@ def build(out: Path) -> list[str]:
             names.append(name)
         for name in sorted(files):
             info = zipfile.ZipInfo(name)
-            info.external_attr = 0o644 << 16
+            private = name.startswith(("grader/", "tests/"))
+            info.external_attr = (0o600 if private else 0o644) << 16
             archive.writestr(info, files[name], zipfile.ZIP_DEFLATED)
             names.append(name)
     return names
-
-
-def materialize(dest: Path) -> None:
-    """Write the course to grade in `dest`: from this clone (as `build` ships it) or, in an autograder, a copy of it."""
-    dest.mkdir(parents=True)
-    if (ROOT / "solutions").is_dir() and (ROOT / ".git").exists():
-        items = course_files().items()
-    else:  # the unzipped autograder: everything but caches (and never a link)
-        items = [
-            (p.relative_to(ROOT).as_posix(), p.read_bytes())
-            for p in sorted(ROOT.rglob("*"))
-            if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-        ]
-    for name, data in items:
-        path = dest / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    for path in [dest, *dest.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Grading one submission.
 
 
+def grader_setup(observer: str | None = None, reference=None) -> tuple[str, dict | None, str]:
+    """(observer, reference observations or None to compute them, size): the autograder's, else this clone's."""
+    from kvcourse.course import boundary
+
+    shipped = ROOT / REFERENCE
+    if observer is None and reference is None and shipped.is_file():
+        reference, observer, size = boundary.load_reference(shipped)
+        return (str(ROOT / observer) if observer.endswith(".py") else observer), reference, size
+    return observer or boundary.DEFAULT_OBSERVER, reference, "small"
+
+
+def _early_notes(found: dict[str, str]) -> list[str]:
+    """The static check's words on each submitted module: help only, the boundary does not depend on it."""
+    from kvcourse.course.static_check import check_source, explain, load_policy
+
+    notes = []
+    try:
+        policy = load_policy(ROOT)
+        for module, text in sorted(found.items()):
+            refusals = check_source(text, f"kvcourse/{module}.py", policy, f"kvcourse.{module}")
+            if refusals:
+                notes.append(f"kvcourse/{module}.py: {explain(refusals)}")
+    except Exception:  # a module too odd to parse: the boundary grades it anyway
+        pass
+    return notes
+
+
 def grade_submission(
-    submission: Path,
+    submission: Path | None,
     out: Path,
     exercise_ids: list[str] | None = None,
     limits=None,
     log=print,
-    static: bool = True,
-    guards: bool = True,
+    observer: str | None = None,
+    reference=None,
+    texts: dict[str, str] | None = None,
 ) -> dict:
-    """Grade the submission in a scratch copy of the course, in sandboxed children; write results.json to `out`.
+    """Grade a submission folder (or module `texts`) through the boundary; write results.json to `out`, always.
 
-    Raises GraderBroken (after writing a fallback results.json) only when the grader itself failed.
-    `static=False` / `guards=False` switch a defence off, for the tests that prove the others hold alone.
+    A results.json saying the grading did not finish is written first, so one exists whatever happens next.
+    Raises GraderBroken (after writing a results.json that says why) when the grader failed or refused to run.
     """
-    from kvcourse.course.sandbox import grade_course
-    from kvcourse.course.static_check import check_source, explain, load_policy
+    from kvcourse.course import boundary
 
     exercises = [get(i) for i in exercise_ids] if exercise_ids else list(EXERCISES.values())
-    found, ignored = find_submission(submission)  # a missing folder is the caller's error (ValueError)
-    scratch = Path(tempfile.mkdtemp(prefix="kvcourse-grade-"))
+    write_json(out, fallback_results("the grading did not finish.", exercises))
+    if texts is None:
+        found, ignored = find_submission(submission)  # a missing folder is the caller's error (ValueError)
+    else:
+        found, ignored = dict(texts), []
     try:
-        os.chmod(scratch, 0o755)
-        course = scratch / "course"
-        materialize(course)
-        stubs = pristine_stubs(course)
-        policy = load_policy(course)
-        refused, accepted = {}, {}
-        for module, text in sorted(found.items()):
-            refusals = check_source(text, f"kvcourse/{module}.py", policy, f"kvcourse.{module}") if static else []
-            if refusals:
-                refused[module] = explain(refusals)
-            else:
-                accepted[module] = text
+        observer, reference, size = grader_setup(observer, reference)
         log(f"placed {', '.join(f'kvcourse/{m}.py' for m in sorted(found)) or 'nothing'}; {len(exercises)} exercises will be graded.")  # fmt: skip
         for note in ignored:
             log(f"ignored {note}")
-        for module, message in refused.items():
-            log(f"refused kvcourse/{module}.py: {message}")
-        results, isolation = grade_course(course, exercises, stubs, accepted, limits, refused, log=log, guards=guards)
+        early = _early_notes(found)
+        for note in early:
+            log(f"note: {note}")
+        results, isolation = boundary.grade(
+            found, pristine_stubs(ROOT), [ex.id for ex in exercises], observer, reference, size, limits, ROOT, log
+        )
         notes = [f"Graded: {', '.join(f'kvcourse/{m}.py' for m in sorted(found)) or 'no exercise module'}"
                  " (every module not submitted is graded as its stub)."]  # fmt: skip
         notes += [f"Ignored: {note}." for note in ignored]
-        notes += [f"Not run: kvcourse/{m}.py ({message})" for m, message in refused.items()]
+        notes += [f"Note: {note}" for note in early]
         notes.append(f"Isolation: {isolation}")
         data = results_json(results, note="\n".join(notes))
         write_json(out, data)
         return data
+    except boundary.Refused as error:
+        write_json(out, fallback_results(f"the grader refused to run: {error}", exercises))
+        raise GraderBroken(f"the grader refused to run: {error}") from error
     except Exception as error:
         write_json(out, fallback_results(f"{type(error).__name__}: {error}", exercises))
         raise GraderBroken(f"the grader failed: {type(error).__name__}: {error}") from error
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`build OUT.zip`, `grade SUBMISSION_DIR --out results.json` or `place SUBMISSION_DIR`."""
     parser = argparse.ArgumentParser(prog="python -m kvcourse.course.gradescope", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="write the Gradescope autograder zip").add_argument("out", type=Path)
-    grade = commands.add_parser("grade", help="grade a folder of submitted modules in a sandbox")
+    build_ = commands.add_parser("build", help="write the Gradescope autograder zip")
+    build_.add_argument("out", type=Path)
+    build_.add_argument("--observer", help="the observer module (default: the lockstep harness)")
+    grade = commands.add_parser("grade", help="grade a folder of submitted modules through the boundary")
     grade.add_argument("submission", type=Path)
     grade.add_argument("--out", type=Path, required=True, help="where to write results.json")
     grade.add_argument("--exercises", nargs="*", help="exercise ids (default: all)")
@@ -361,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            names = build(args.out)
+            names = build(args.out, args.observer)
             print("\n".join(f"  {name}" for name in names))
             print(f"wrote {args.out}: the {len(names)} files above; upload it as the assignment's autograder "
                   "(Ubuntu 24.04 base image).")  # fmt: skip

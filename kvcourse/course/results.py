@@ -49,6 +49,8 @@ class ExerciseResult:
     needs: str | None = None  # an earlier exercise this one's tests run through, still a stub
     outcomes: list[TestOutcome] = field(default_factory=list)
     skipped: int = 0  # tests skipped by their own marker for a stated reason (no CUDA): not counted either way
+    all_or_nothing: bool = False  # the classroom grader: the point only when every seed matches the reference
+    unit: str = "tests pass"  # what `passed` counts, for the feedback line
 
 
 def id_key(identifier: str) -> tuple:
@@ -122,6 +124,8 @@ def share(result: ExerciseResult) -> float:
     """The fraction of an exercise's point earned: tests passed over tests that count (marker skips do not)."""
     if result.status == SKIPPED:
         return 1.0  # every test skipped by its own marker (no GPU): not the student's fault
+    if result.all_or_nothing:
+        return 1.0 if result.status == CORRECT else 0.0
     counted = result.total - result.skipped
     return result.passed / counted if counted > 0 else 0.0
 
@@ -129,7 +133,7 @@ def share(result: ExerciseResult) -> float:
 def feedback(result: ExerciseResult) -> str:
     """What check() would say about this exercise, as text for the student's Gradescope page."""
     head = f"{ICONS.get(result.status, '❌')} Exercise {result.id} ({result.title}):"
-    counts = f" {result.passed}/{result.total - result.skipped} tests pass." if result.total else ""
+    counts = f" {result.passed}/{result.total - result.skipped} {result.unit}." if result.total else ""
     if result.status == CORRECT:
         return f"{head} correct.{counts}"
     if result.status == NOT_ATTEMPTED:

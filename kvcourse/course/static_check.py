@@ -1,12 +1,13 @@
-"""The grader's first gate: read a submitted exercise module with `ast` and refuse what no exercise needs.
+"""An early, helpful note: read a submitted exercise module with `ast` and name what no exercise needs.
 
-Nothing submitted runs before this check. The allow-list is derived from what the reference modules
-(solutions/*.py) and their stubs use: the modules they import (plus a few pure-computation ones of the
-standard library, EXTRA_MODULES), the special methods they define and the dunder attributes they read.
-Everything the table of CONTRIBUTING.md's "Grader security" names is refused with a message a student
-can act on: importing the grader, pytest, os, sys, atexit, inspect, ctypes, signal, builtins...; calling
-exec/eval/compile/open/__import__/globals/vars/setattr; frame and code attributes; special methods that
-fake a value (`__eq__` on an int subclass); changing another module's or class's attributes.
+The classroom grader's security does not depend on it (the boundary, kvcourse/course/boundary.py, does): it
+only tells a student, before the grades, what their file uses that no exercise needs. The allow-list is
+derived from what the reference modules (solutions/*.py) and their stubs use: the modules they import (plus
+a few pure-computation ones of the standard library, EXTRA_MODULES), the special methods they define and
+the dunder attributes they read. It names, with a message a student can act on: importing the grader,
+pytest, os, sys, atexit, inspect, ctypes, signal, builtins...; calling exec/eval/compile/open/__import__/
+globals/vars/setattr; frame and code attributes; special methods that fake a value (`__eq__` on an int
+subclass); changing another module's or class's attributes.
 
     python -m kvcourse.course.static_check FILE.py [...]   # what the grader would say about these files
 """
@@ -436,8 +437,8 @@ def explain(refusals: list[Refusal], limit: int = 5) -> str:
     shown = "; ".join(str(r) for r in refusals[:limit])
     more = f" (and {len(refusals) - limit} more)" if len(refusals) > limit else ""
     return (
-        f"the grader did not run this file: {shown}{more}. Exercises need only plain Python, torch and the "
-        "course's modules; remove what is named and submit again."
+        f"this file uses what no exercise needs: {shown}{more}. Exercises need only plain Python, torch and the "
+        "course's modules; it was graded anyway (as an unprivileged user, where it cannot help), so remove it."
     )
 
 
