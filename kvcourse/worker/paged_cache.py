@@ -120,8 +120,10 @@ class PagedKVCache(Cache):
         self.num_blocks, self.block_size = num_blocks, block_size
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> PagedKVCache:
-        """Storage shaped for a GPT-2 model, in its dtype and on its device."""
+    def for_model(
+        cls, model: torch.nn.Module, num_blocks: int, block_size: int, device: torch.device | str | None = None
+    ) -> PagedKVCache:
+        """Storage shaped for a GPT-2 model, in its dtype and on its device (or on `device`: a CPU tier's)."""
         config = model.config
         parameter = next(model.parameters())
         return cls(
@@ -131,7 +133,7 @@ class PagedKVCache(Cache):
             config.n_head,
             config.n_embd // config.n_head,
             dtype=parameter.dtype,
-            device=parameter.device,
+            device=parameter.device if device is None else device,
         )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
