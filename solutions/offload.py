@@ -207,10 +207,9 @@ class SecondTierScheduling:
 
     def _start_load(self, request: Request) -> bool | None:
         """Admission with a tier: when it holds more of the prompt, allocate for it and wait for the load."""
-        manager, tier = self.kv_cache_manager, self.kv_connector
         # Exercise 8.4 (contract): `request` is waiting and holds nothing. Take the device prefix hits
-        #   (manager.get_computed_blocks, as in 2.2), then ask the tier for more
-        #   (tier.get_num_new_matched_tokens(request, device hit tokens)).
+        #   (self.kv_cache_manager.get_computed_blocks, as in 2.2), then ask the tier for more
+        #   (self.kv_connector, the tier: get_num_new_matched_tokens(request, device hit tokens)).
         #   * The tier holds nothing more: return None and change nothing (2.2 admits it as usual).
         #   * Else allocate device blocks for the hits plus exactly those tier tokens (allocate_slots with
         #     the hits as in 2.2, and the tier tokens as the new tokens). Refused: return False, nothing
@@ -220,6 +219,7 @@ class SecondTierScheduling:
         #     load); blocks past those (they failed) go through manager.forget_unwritten_tail(request,
         #     tokens really there). Return True. It takes no token of this step's budget and no plan entry.
         # BEGIN SOLUTION 8.4
+        manager, tier = self.kv_cache_manager, self.kv_connector
         hits, num_hit_tokens = manager.get_computed_blocks(request)
         num_external = tier.get_num_new_matched_tokens(request, num_hit_tokens)
         if num_external == 0:
