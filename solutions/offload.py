@@ -205,6 +205,18 @@ class SecondTierScheduling:
             self.waiting_queue.appendleft(request)
         self.loading.clear()
 
+    def release_unadmitted_loads(self) -> None:
+        """Given: a loaded request not admitted in the step after its load gives its blocks back (no deadlock).
+
+        Its blocks stay cached on the device (free, still published), so its next admission hits them there.
+        """
+        for request_id in list(self.loaded):
+            request = next((r for r in self.waiting_queue if r.id == request_id), None)
+            self.loaded.discard(request_id)
+            if request is not None:
+                self.kv_cache_manager.free(request)
+                request.num_computed_tokens = 0
+
     def _start_load(self, request: Request) -> bool | None:
         """Admission with a tier: when it holds more of the prompt, allocate for it and wait for the load."""
         # Exercise 8.4 (contract): `request` is waiting and holds nothing. Take the device prefix hits

@@ -56,6 +56,7 @@ class SchedulerBase:
         output.blocks_to_copy = manager.take_pending_copies()
         tier = getattr(self, "kv_connector", None)
         if tier is not None:  # a second tier (lesson 10): its copies run before the model, saves first
+            self.release_unadmitted_loads()
             output.kv_saves, output.kv_loads = tier.take_transfers()
             output.loading_req_ids = list(self.loading)
 
