@@ -22,7 +22,7 @@ from pathlib import Path
 from kvcourse.core.contract import blocks_needed
 from kvcourse.core.request import Request, RequestStatus
 
-TRACE_DIR = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "mooncake"
+TRACE_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "data" / "mooncake"
 TRACES = {"conversation": "conversation_trace.jsonl.gz", "synthetic": "synthetic_trace.jsonl.gz"}
 TRACE_BLOCK_SIZE = 512  # tokens per hash id in Mooncake's traces
 PROVENANCE = (
