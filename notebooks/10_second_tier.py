@@ -291,9 +291,10 @@ for row in study["rows"]:
 #
 # **The TTFT a real run saves.** A slice of the trace (120 requests, each trace block standing for 16
 # tokens, prompts cut to 12 blocks), one request at a time through the engine with a small device cache,
-# tier off and on. The model is the tiny GPT-2, on this CPU: the times are this machine's, and only the
-# difference between the two runs means anything. In so short a slice few turns come back after the
-# device forgot them (the trace's reuse is mostly minutes apart), so expect a small gain.
+# tier off and on. The model is the tiny GPT-2, on this CPU: the times are this machine's, and on a busy
+# machine their difference is mostly noise; the exact measure is the prompt tokens the model was fed. In
+# so short a slice few turns come back after the device forgot them (the trace's reuse is mostly minutes
+# apart), so expect a small gain: the replay above is where the tier's worth shows.
 
 # %%
 # NBVAL_IGNORE_OUTPUT  (timings)
