@@ -323,5 +323,8 @@ for label in ("off", "on"):
 # In vLLM: `vllm/distributed/kv_transfer/kv_connector/v1/base.py` · `KVConnectorBase_V1`
 # (`get_num_new_matched_tokens`, `update_state_after_alloc`, and on the worker `start_load_kv`,
 # `save_kv_layer`), `vllm/v1/request.py` · `RequestStatus.WAITING_FOR_REMOTE_KVS`, and the CPU
-# offloading connector (`OffloadingConnector`). Its loads are truly asynchronous (a request may wait
-# several steps) and layer by layer; yours complete within the step that plans them.
+# offloading connector (`vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py` ·
+# `OffloadingConnector`, over `vllm/v1/kv_offload/cpu/manager.py` · `CPUOffloadingManager` with an LRU
+# policy, `vllm/v1/kv_offload/cpu/policies/lru.py` · `LRUCachePolicy`). vLLM's `get_num_new_matched_tokens`
+# returns a pair: the tokens, and whether the load is asynchronous (yours always is). Its loads may take
+# several steps and go layer by layer; yours complete within the step that plans them.
