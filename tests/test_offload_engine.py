@@ -150,3 +150,17 @@ def test_tier_on_and_off_give_the_same_tokens_on_llama():
     on_engine, on = run(model, 32)
     assert on_engine.tier.stats.loaded > 0, "the second SHARED round should load from the tier"
     assert on == off, "greedy tokens must be identical with the tier on and off (Llama)"
+
+
+def test_the_widget_records_the_steps_that_move_blocks(gpt2):
+    from kvcourse.viz.tier import record_tier_run
+
+    engine = LLMEngine(gpt2, **TIGHT, num_cpu_tier_blocks=32)
+    frames = record_tier_run(engine, ROUNDS, NEW_TOKENS)
+    assert frames.frames and all(f.saves or f.loads for f in frames.frames), "each frame is a step that moved blocks"
+    assert sum(len(f.loads) for f in frames.frames) == engine.tier.stats.loaded, "every load appears in a frame"
+    assert any(f.waiting_for_kvs for f in frames.frames), "a frame shows the requests waiting for their K/V"
+    page = frames._repr_html_()
+    assert page.count("<b>step") == len(frames.frames) and "loaded (blue)" in page, "one drawing per frame"
+    with pytest.raises(ValueError, match="num_cpu_tier_blocks"):
+        record_tier_run(LLMEngine(gpt2, **TIGHT), ROUNDS, NEW_TOKENS)
