@@ -203,7 +203,8 @@ print("3-block tier == off:", small == off, "| loads that fell short (recomputed
 # copy is a memory copy; on a GPU it crosses PCIe, tens of GB/s.
 
 # %%
-# NBVAL_IGNORE_OUTPUT  (timings: they differ between machines and runs)
+# NBVAL_IGNORE_OUTPUT
+# (timings: they differ between machines and runs; nbval reads the marker only on a line of its own)
 from kvcourse.bench.offload import copy_bandwidth, load_or_recompute, prefill_tokens_per_s
 
 gpt2 = load_gpt2("gpt2", verbose=False)
@@ -297,7 +298,8 @@ for row in study["rows"]:
 # apart), so expect a small gain: the replay above is where the tier's worth shows.
 
 # %%
-# NBVAL_IGNORE_OUTPUT  (timings)
+# NBVAL_IGNORE_OUTPUT
+# (timings)
 from kvcourse.bench.offload import ttft_slice
 
 slice_run = ttft_slice(tiny)
