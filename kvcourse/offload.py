@@ -61,6 +61,7 @@ class CPUOffloadTier:
         self.pending_saves: list[tuple[int, int]] = []  # (device block id, CPU slot): copy out, this step
         self.pending_loads: list[tuple[int, int]] = []  # (CPU slot, device block id): copy in, this step
         self.block_hashes = block_hashes  # request -> its hash chain (the manager's _block_hashes)
+        self.last_saves: list[tuple[int, int]] = []  # the saves the latest take_transfers() handed out
         self.stats = TierStats()
 
     # ---- given read-outs ----
@@ -88,12 +89,21 @@ class CPUOffloadTier:
     def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The step's copies for the executor, (saves, loads), in order; the pins end with the step."""
         saves, loads = self.pending_saves, self.pending_loads
-        self.pending_saves, self.pending_loads, self.pinned = [], [], set()
+        self.pending_saves, self.pending_loads, self.pinned, self.last_saves = [], [], set(), saves
         self.stats.saved += len(saves)
         self.stats.loaded += len(loads)
         self.stats.events += [("save", block, slot) for block, slot in saves]
         self.stats.events += [("load", block, slot) for slot, block in loads]
         return saves, loads
+
+    def forget_unwritten(self) -> None:
+        """After a failed step: drop the entries that step saved (their copies may never have run) and its plans."""
+        slots = {slot for _, slot in self.pending_saves + self.last_saves}
+        for block_hash, entry in list(self.entries.items()):
+            if entry.slot in slots:
+                del self.entries[block_hash]
+                self.free_slots.append(entry.slot)
+        self.pending_saves, self.pending_loads, self.pinned, self.last_saves = [], [], set(), []
 
     # ---- exercises ----
     def offer(self, block: KVCacheBlock) -> None:
@@ -172,6 +182,17 @@ class SecondTierScheduling:
             self.loaded.add(request.id)
             self.waiting_queue.appendleft(request)
         self.loading.clear()
+
+    def abandon_loads(self) -> None:
+        """Given: after a failed step, loads it planned may never have run: their requests recompute instead."""
+        for request, _ in self.loading.values():
+            self.kv_cache_manager.forget_unwritten_tail(request, request.num_computed_tokens)  # only its hits hold K/V
+            self.kv_cache_manager.free(request)
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.WAITING
+            self.waiting_queue.appendleft(request)
+        self.loading.clear()
+        self.kv_connector.forget_unwritten()
 
     def release_unadmitted_loads(self) -> None:
         """Given: a loaded request not admitted in the step after its load gives its blocks back (no deadlock).

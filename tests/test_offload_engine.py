@@ -164,3 +164,25 @@ def test_the_widget_records_the_steps_that_move_blocks(gpt2):
     assert page.count("<b>step") == len(frames.frames) and "loaded (blue)" in page, "one drawing per frame"
     with pytest.raises(ValueError, match="num_cpu_tier_blocks"):
         record_tier_run(LLMEngine(gpt2, **TIGHT), ROUNDS, NEW_TOKENS)
+
+
+def test_a_failed_step_with_copies_planned_leaves_no_stale_tier_entry(gpt2):
+    engine = LLMEngine(gpt2, **TIGHT, num_cpu_tier_blocks=32)
+    engine.generate(SHARED, NEW_TOKENS)
+    engine.generate(OTHER, NEW_TOKENS)
+    real, failed = engine.runner.execute, []
+
+    def failing_once(output):
+        if (output.kv_saves or output.kv_loads) and not failed:
+            failed.append(output)
+            raise RuntimeError("a device error while copying")
+        return real(output)
+
+    engine.runner.execute = failing_once
+    with pytest.raises(RuntimeError):
+        engine.generate(SHARED, NEW_TOKENS)
+    assert failed, "the step that failed planned copies"
+    assert not engine.scheduler.loading and not engine.tier.pending_saves, "nothing of the failed step is left planned"
+    assert engine.kv_cache_manager.get_num_free_blocks() == TIGHT["num_blocks"], "every device block came back"
+    again = engine.generate(SHARED + OTHER, NEW_TOKENS)
+    assert again == [hf_greedy(gpt2, p, NEW_TOKENS) for p in SHARED + OTHER], "after the fault, the same tokens as HF"

@@ -127,6 +127,8 @@ class EngineCore:
             manager = self.scheduler.kv_cache_manager
             if manager is not None:
                 manager.forget_unwritten_blocks()  # blocks published for a step that never ran hold no K/V
+            if getattr(self.scheduler, "kv_connector", None) is not None:
+                self.scheduler.abandon_loads()  # a second tier's copies of that step may never have run either
         return ended
 
     # ---- helpers ----
