@@ -6,7 +6,7 @@ The manager is what the scheduler talks to (kvcourse/core/contract.py); the give
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from kvcourse.core import kv_cache_utils as utils
 from kvcourse.core.contract import KVCacheBlocks, blocks_needed, check_cache_shape, check_token_count  # noqa: F401
@@ -86,6 +86,7 @@ class BlockPool(BlockPoolBase):
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self.on_evict: Callable[[KVCacheBlock], None] | None = None  # a second tier takes evicted blocks (8.1)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Hand out free blocks from the front of the queue, each with one holder."""
@@ -153,6 +154,8 @@ class BlockPool(BlockPoolBase):
         """Unpublish a cached-free block that is being reused, so no lookup finds its old contents."""
         if block.block_hash is None:
             return  # never published (always the case while prefix caching is off)
+        if self.on_evict is not None:
+            self.on_evict(block)  # a second tier (lesson 10) may keep its K/V before it is overwritten
         # Exercise 4.4 (contract): the block is about to hold new tokens. Afterwards no lookup may find
         # it under its old hash, the block carries no hash or tokens, and the prefix can be published
         # again later (by the block that recomputes it).

@@ -16,6 +16,7 @@ from kvcourse.core.request import Request, RequestStatus
 from kvcourse.core.sched_base import SchedulerBase
 from kvcourse.core.sched_output import ScheduledSequence, SchedulerOutput
 from kvcourse.core.scheduler_config import PreemptionCosts, check_knobs, positive_int
+from kvcourse.offload import CPUOffloadTier, SecondTierScheduling
 
 
 def swap_seconds(num_tokens: int, costs: PreemptionCosts) -> float:
@@ -50,11 +51,12 @@ def swap_crossover(costs: PreemptionCosts, max_tokens: int) -> int | None:
     )
 
 
-class StallFreeScheduler(SchedulerBase):
+class StallFreeScheduler(SecondTierScheduling, SchedulerBase):
     """Continuous batching with chunked prefill that never schedules a token it has no KV memory for.
 
     Given in SchedulerBase (kvcourse/core/sched_base.py): add_request, finish_requests,
     has_unfinished_requests, _update_after_schedule (applies a plan), _take_waiting, watermark_blocks.
+    From SecondTierScheduling (kvcourse/offload.py, lesson 10): _start_load, _admit_loaded (8.4, 8.5).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class StallFreeScheduler(SchedulerBase):
         watermark: float = 0.0,
         preemption_mode: str = "recompute",
         num_cpu_blocks: int = 0,
+        kv_connector: CPUOffloadTier | None = None,
     ) -> None:
         """Check the sizes, the knobs and the manager up front, so a misconfigured engine fails before it runs."""
         self.token_budget = positive_int("token_budget", token_budget)
@@ -84,6 +87,9 @@ class StallFreeScheduler(SchedulerBase):
         self.num_swapped_out_tokens = self.num_swapped_in_tokens = self.num_swaps = 0
         self._swapped: dict[int, int] = {}  # request id -> CPU blocks it holds while swapped out
         self._known_ids: set[int] = set()
+        self.kv_connector = kv_connector  # a second KV tier (lesson 10); None: off, as before
+        self.loading: dict[int, tuple[Request, int]] = {}  # WAITING_FOR_REMOTE_KVS: (request, tokens it loads)
+        self.loaded: set[int] = set()  # their loads ran: admitted next as prefix hits (8.5)
         self._num_finished_reported = 0  # how much of self.finished earlier steps' outputs reported
 
     # ----------------------------------------------------------------------------- requests in
@@ -120,6 +126,7 @@ class StallFreeScheduler(SchedulerBase):
         """Plan one step, then apply it: decodes, the prefill in progress, admissions (see the module docstring)."""
         finished_req_ids = [r.id for r in self.finished[self._num_finished_reported :]]  # since the last step
         self._num_finished_reported = len(self.finished)
+        self.collect_finished_loads()  # loads planned last step have run (lesson 10; nothing without a tier)
         output = SchedulerOutput(block_ids={}, finished_req_ids=finished_req_ids)
         # Exercise 2.4: plan the running requests.
         #   Adds to `output`, through self._schedule_running(request, num_new_tokens, output) (it secures
@@ -206,6 +213,10 @@ class StallFreeScheduler(SchedulerBase):
         """Move a waiting request to the running set with its first chunk, reusing cached prefix blocks."""
         if request.id in self._swapped:
             return self._swap_in(request, token_budget_left, output)
+        if request.id in self.loaded:
+            return self._admit_loaded(request, token_budget_left, output)
+        if self.kv_connector is not None and (started := self._start_load(request)) is not None:
+            return started  # it waits for its load (True), or memory is short (False)
         if self.watermark > 0 and not self._keeps_watermark(request, min(request.num_tokens, token_budget_left)):
             return False  # admitting it would eat into the blocks kept for the running decodes
         # Exercise 2.2: admit a waiting request with its first chunk.

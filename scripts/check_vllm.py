@@ -352,6 +352,27 @@ CLAIMS = (
         "the worker saves K/V layer by layer",
     ),
     Claim("vllm/distributed/kv_transfer/kv_connector/v1/base.py", "KVConnectorBase_V1.start_load_kv", (), "and loads"),
+    # notebook 10 (issue 40): the course's CPU tier follows the connector's scheduler-side shape
+    Claim(
+        "vllm/distributed/kv_transfer/kv_connector/v1/base.py",
+        "KVConnectorBase_V1.get_num_new_matched_tokens",
+        ("num_computed_tokens", "tuple[int | None, bool]"),
+        "asked after the local hits for tokens beyond them; vLLM's also says whether the load is async",
+    ),
+    Claim(
+        "vllm/distributed/kv_transfer/kv_connector/v1/base.py",
+        "KVConnectorBase_V1.update_state_after_alloc",
+        ("num_external_tokens",),
+        "told the blocks allocated for the external tokens",
+    ),
+    Claim(
+        "vllm/v1/core/sched/scheduler.py",
+        "",
+        ("request.status = RequestStatus.WAITING_FOR_REMOTE_KVS",),
+        "an async load puts the request in WAITING_FOR_REMOTE_KVS",
+    ),
+    Claim("vllm/v1/kv_offload/cpu/manager.py", "CPUOffloadingManager", (), "the CPU offloading tier's manager"),
+    Claim("vllm/v1/kv_offload/cpu/policies/lru.py", "LRUCachePolicy", (), "the CPU tier evicts least recently used"),
     Claim("vllm/v1/sample/rejection_sampler.py", "RejectionSampler", (), "drafts checked in one pass"),
     Claim("vllm/v1/spec_decode/ngram_proposer.py", "NgramProposer", (), "an n-gram drafter"),
     Claim("vllm/v1/spec_decode/eagle.py", "EagleProposer", (), "EAGLE"),

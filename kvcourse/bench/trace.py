@@ -75,6 +75,8 @@ class Replay:
     hit_tokens: int
     seconds: float  # wall clock
     cpu_seconds: float  # this process's CPU time: what the replay costs on a busy machine
+    tier_blocks: int = 0  # a second tier's capacity in blocks (lesson 10); 0: the device cache alone
+    tier_hit_tokens: int = 0  # of hit_tokens, those loaded from the second tier (not recomputed, not on the device)
 
     @property
     def hit_rate(self) -> float:
@@ -105,8 +107,13 @@ def replay(
     num_blocks: int,
     block_size: int = BLOCK_SIZE,
     pool_class: type | None = None,
+    tier_blocks: int = 0,
 ) -> Replay:
-    """Admit and free every request in order through a fresh prefix-caching KVCacheManager; count the hits."""
+    """Admit and free every request in order through a fresh prefix-caching KVCacheManager; count the hits.
+
+    tier_blocks > 0 adds lesson 10's CPU tier (kvcourse/offload.py): blocks the device evicts go there, and
+    after the device's hits an admission loads what the tier holds (a hit promotes the block to the device).
+    """
     from kvcourse.kv_cache import KVCacheManager
 
     manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching=True)
@@ -114,21 +121,44 @@ def replay(
         from kvcourse.eviction import with_policy
 
         with_policy(manager, pool_class)
-    hit_blocks = 0
+    tier = _tier(manager, tier_blocks)
+    hit_blocks = tier_hit_blocks = 0
     start, cpu_start = time.perf_counter(), time.process_time()
     for source, request in zip(trace, requests, strict=True):
         hits, num_hit_tokens = manager.get_computed_blocks(request)
+        num_external = tier.get_num_new_matched_tokens(request, num_hit_tokens) if tier is not None else 0
         num_tokens = min(source.num_full_blocks, num_blocks) * block_size  # the full blocks that fit
-        if manager.allocate_slots(request, num_tokens - num_hit_tokens, num_hit_tokens, hits) is None:
+        num_external = min(num_external, max(0, num_tokens - num_hit_tokens))
+        blocks = manager.allocate_slots(request, num_tokens - num_hit_tokens, num_hit_tokens, hits)
+        if blocks is None:
             raise RuntimeError(
                 f"allocate_slots refused request {request.id} ({num_tokens // block_size} blocks) in an empty "
                 f"cache of {num_blocks} blocks: check exercise 3.3."
             )
+        if num_external:
+            request.num_computed_tokens = num_hit_tokens
+            loaded = tier.update_state_after_alloc(request, blocks, num_external) // block_size
+            request.num_computed_tokens = 0
+            tier.take_transfers()  # the copies a real engine would run
+            tier_hit_blocks += loaded
         manager.free(request)
         hit_blocks += num_hit_tokens // block_size
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     prompt_tokens = sum(request.input_length for request in trace)
-    return Replay(num_blocks, len(trace), prompt_tokens, hit_blocks * TRACE_BLOCK_SIZE, seconds, cpu_seconds)
+    total = (hit_blocks + tier_hit_blocks) * TRACE_BLOCK_SIZE
+    return Replay(
+        num_blocks, len(trace), prompt_tokens, total, seconds, cpu_seconds, tier_blocks,
+        tier_hit_blocks * TRACE_BLOCK_SIZE,
+    )  # fmt: skip
+
+
+def _tier(manager: object, tier_blocks: int) -> object | None:
+    """Lesson 10's CPU tier wired to the manager, or None for the device cache alone."""
+    if not tier_blocks:
+        return None
+    from kvcourse.offload import make_tier
+
+    return make_tier(manager, tier_blocks)
 
 
 def hit_rate_curve(

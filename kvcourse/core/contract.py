@@ -310,6 +310,9 @@ class MockKVCacheManager:
     def forget_unwritten_blocks(self) -> None:
         """The mock caches no prefixes: nothing to forget."""
 
+    def forget_unwritten_tail(self, request: Request, num_valid_tokens: int) -> None:
+        """The mock publishes nothing, so a short load from a second tier leaves nothing to unpublish."""
+
     def free(self, request: Request) -> None:
         """Give the request's blocks back; freeing an unknown (or already freed) request does nothing."""
         table = self.req_to_blocks.pop(request.id, None)

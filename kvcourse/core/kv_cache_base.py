@@ -46,7 +46,15 @@ class BlockPoolBase:
         """Unpublish every cached block nobody holds (after a failed step: their K/V may never have been written)."""
         for block in self.blocks:
             if block.ref_cnt == 0:
-                self._maybe_evict_cached_block(block)
+                self.unpublish_quietly(block)
+
+    def unpublish_quietly(self, block: KVCacheBlock) -> None:
+        """Unpublish a block whose K/V was never written, without offering it to a second tier (lesson 10)."""
+        hook, self.on_evict = getattr(self, "on_evict", None), None
+        try:
+            self._maybe_evict_cached_block(block)
+        finally:
+            self.on_evict = hook
 
     def get_num_cached_blocks(self) -> int:
         """Blocks currently published in the prefix cache (held or free)."""
@@ -97,6 +105,15 @@ class KVCacheManagerBase:
         """Return the counts so far and start new ones (one plot point per workload)."""
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
+
+    def forget_unwritten_tail(self, request: Request, num_valid_tokens: int) -> None:
+        """A second tier's load fell short: unpublish the request's blocks past num_valid_tokens (recomputed later)."""
+        first = num_valid_tokens // self.block_size
+        for block in self.req_to_blocks.get(request.id, [])[first:]:
+            if block.block_hash is not None and block.ref_cnt == 1:
+                self.block_pool.unpublish_quietly(block)
+        if self.num_cached_block.get(request.id, 0) > first:
+            self.num_cached_block[request.id] = first  # published again once recomputed
 
     def forget_unwritten_blocks(self) -> None:
         """After a failed step: unpublish the blocks nobody holds and drop its planned copies (they never ran)."""

@@ -18,6 +18,7 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # its blocks are being loaded from a second tier (vLLM's name)
     FINISHED = "finished"  # generated all its tokens (or its end-of-sequence token)
     REJECTED = "rejected"  # could never fit the cache: refused when added, never ran
     ABORTED = "aborted"  # stopped on request (a client went away): vLLM's FINISHED_ABORTED

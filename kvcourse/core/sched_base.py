@@ -54,10 +54,15 @@ class SchedulerBase:
             request.num_computed_tokens += num_scheduled
             output.block_ids[request_id] = manager.get_block_ids(request)
         output.blocks_to_copy = manager.take_pending_copies()
+        tier = getattr(self, "kv_connector", None)
+        if tier is not None:  # a second tier (lesson 10): its copies run before the model, saves first
+            self.release_unadmitted_loads()
+            output.kv_saves, output.kv_loads = tier.take_transfers()
+            output.loading_req_ids = list(self.loading)
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is still waiting or running (rejected and finished ones are settled)."""
-        return bool(self.waiting_queue) or bool(self.active_pool)
+        return bool(self.waiting_queue) or bool(self.active_pool) or bool(getattr(self, "loading", None))
 
     def finish_requests(
         self, request_ids: int | Iterable[int], status: RequestStatus, reason: str | None = None
@@ -67,6 +72,9 @@ class SchedulerBase:
             raise ValueError(f"status is {status}; finish requests as FINISHED, ABORTED or FAILED.")
         ended = []
         for request_id in [request_ids] if isinstance(request_ids, int) else list(request_ids):
+            if request_id in getattr(self, "loading", {}):  # its load is under way: end it as a waiting one
+                self.waiting_queue.append(self.loading.pop(request_id)[0])
+            getattr(self, "loaded", set()).discard(request_id)
             request = self._end_request(request_id, status, reason)
             if request is None:
                 if request_id not in self._known_ids:

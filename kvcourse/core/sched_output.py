@@ -48,6 +48,9 @@ class SchedulerOutput:
     finished_req_ids: list[int] = field(default_factory=list)  # settled since the previous step (free their state)
     swapped_out: dict[int, int] = field(default_factory=dict)  # swap mode: request id -> tokens whose K/V went out
     swapped_in: dict[int, int] = field(default_factory=dict)  # swap mode: request id -> tokens whose K/V came back
+    kv_saves: list[tuple[int, int]] = field(default_factory=list)  # second tier: (device block, CPU slot), first
+    kv_loads: list[tuple[int, int]] = field(default_factory=list)  # second tier: (CPU slot, device block), then
+    loading_req_ids: list[int] = field(default_factory=list)  # WAITING_FOR_REMOTE_KVS: their blocks load this step
     total_num_scheduled_tokens: int = field(init=False, default=0)  # tokens fed in this step (kept up to date)
 
     def __post_init__(self) -> None:
@@ -79,6 +82,10 @@ class SchedulerOutput:
     def __len__(self) -> int:
         """Number of scheduled sequences; an empty plan is falsy (`if not batch`)."""
         return len(self.scheduled_seqs)
+
+    def __bool__(self) -> bool:
+        """A plan is empty when it feeds nothing and loads nothing (an empty plan is a stall)."""
+        return bool(self.scheduled_seqs or self.loading_req_ids or self.kv_saves or self.kv_loads)
 
     def __getitem__(self, index: int) -> ScheduledSequence:
         """`batch[0]`: one scheduled sequence."""

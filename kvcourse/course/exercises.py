@@ -304,6 +304,46 @@ _EXERCISES = [
         hint="Unpublishing a block someone is reading would be harmless here, but vLLM refuses anyway: when is every block free? And a reset must forget a prefix in two places: the lookup table and the block itself.",
         approach="If fewer blocks are free than the pool has, return False. Otherwise clear every block's block_hash and token_ids, empty cached_block_hash_to_block, and return True; never touch the free queue.",
     ),
+    Exercise(
+        id="8.1",
+        title="Keep an evicted block in the CPU tier",
+        module="offload",
+        minutes=15,
+        hint="Three questions for each offered block: does the tier hold it already, is there a free slot, and if not, which entry may give its slot up? A slot a load reads this step is off limits.",
+        approach="offer: if the hash is in entries, you may move it to the end and stop (no second save). Else take a slot from _free_slot; with None, keep nothing. Store TierEntry(slot, tuple(token_ids)) under the hash (the end of the OrderedDict is the most recent) and append (block id, slot) to pending_saves. _free_slot: pop a free slot if any; else walk entries from the oldest, drop the first whose slot is not pinned (count it) and return its slot; None if all are pinned.",
+    ),
+    Exercise(
+        id="8.2",
+        title="Ask the tier how much more it holds",
+        module="offload",
+        minutes=10,
+        hint="It is 4.3's lookup again, one tier down: it starts where the device's hits stop, and it stops at the first block the tier cannot give back exactly. Which block may never be loaded?",
+        approach="Walk block indices from num_computed_tokens // block_size up to (but not including) the block holding the last token, and the hash chain's length; stop at the first whose hash is missing or whose entry's token_ids differ from the block's tokens; return the count times block_size. Touch nothing.",
+    ),
+    Exercise(
+        id="8.3",
+        title="Queue the loads after allocation",
+        module="offload",
+        minutes=15,
+        hint="Between the question and the allocation, the allocation itself may have pushed some of those blocks out of the tier. Load what is still there, in order, and make sure nothing can take those slots before the copy runs.",
+        approach="Start at block index num_computed_tokens // block_size; for each allocated block id (as many as num_external_tokens // block_size), look its hash up again (tokens too); at the first miss stop. For each hit: append (entry.slot, block id) to pending_loads, add the slot to pinned, move the entry to the end. Count the misses in stats.failed and return hits times block_size.",
+    ),
+    Exercise(
+        id="8.4",
+        title="Admit a request whose prompt is in the tier",
+        module="offload",
+        minutes=15,
+        hint="Device hits first, then the tier, then one allocation for both; a request that waits for its load is out of the queue but not running, and it costs this step nothing.",
+        approach="hits, n = manager.get_computed_blocks(request); k = tier.get_num_new_matched_tokens(request, n); k == 0: return None. blocks = allocate_slots(request, k, n, hits); None: return False. Remove it from the waiting queue, set num_computed_tokens = n and status WAITING_FOR_REMOTE_KVS, loaded = tier.update_state_after_alloc(request, blocks, k), loading[id] = (request, loaded), manager.forget_unwritten_tail(request, n + loaded); return True.",
+    ),
+    Exercise(
+        id="8.5",
+        title="Proceed as a prefix hit",
+        module="offload",
+        minutes=10,
+        hint="Once loaded, the request is like a swapped-in one: its table already covers what it counts as computed, so only its next chunk needs memory.",
+        approach="chunk = min(request.num_uncomputed_tokens, token_budget_left); blocks = allocate_slots(request, chunk); None: return False. Discard its id from loaded, remove it from the waiting queue, status RUNNING, active_pool[id] = request, output.add(self._new_sequence(request, chunk), blocks.get_block_ids()); return True.",
+    ),
 ]
 
 EXERCISES: dict[str, Exercise] = {exercise.id: exercise for exercise in _EXERCISES}

@@ -355,6 +355,15 @@ _QUESTIONS = [
         kind="int",
         digest="771b6d93637b37db8e06683d426a5fd3ae72b77ac9974a9d3cfba35aa9275d90",
     ),
+    Question(
+        id="10.a",
+        notebook="10",
+        prompt="On the chat trace, a 10-million-token device cache hits 0.30 of prompt tokens. Add a 50-million-token "
+        "CPU tier: the hit rate becomes (a) under 0.32, (b) 0.32 to 0.36, (c) over 0.36",
+        kind="choice",
+        choices=("a", "b", "c"),
+        digest="4eb59fd8a5d6b98a39f216343e32c2612b22e8c720beafbd3451f3b58cbab674",
+    ),
 ]
 
 QUESTIONS: dict[str, Question] = {question.id: question for question in _QUESTIONS}

@@ -128,6 +128,8 @@ class EngineCore:
             manager = self.scheduler.kv_cache_manager
             if manager is not None:
                 manager.forget_unwritten_blocks()  # blocks published for a step that never ran hold no K/V
+            if getattr(self.scheduler, "kv_connector", None) is not None:
+                self.scheduler.abandon_loads()  # a second tier's copies of that step may never have run either
         return ended
 
     # ---- helpers ----
@@ -297,18 +299,27 @@ class LLMEngine:
         attention: str | None = None,  # None: the runner's default, "fast"; "reference" runs exercises 5.2-5.3
         tokenizer=None,
         pack_weights: bool | None = None,  # None: oneDNN-packed linear layers where they pay (CPU, float32)
+        num_cpu_tier_blocks: int = 0,  # a second KV tier in CPU memory (lesson 10); 0: off, as before
     ) -> None:
         # Imported here, not at the top: the toy world uses EngineCore without torch or transformers.
         from kvcourse.kv_cache import KVCacheManager
         from kvcourse.models.spec import kv_cache_spec
+        from kvcourse.offload import check_tier_blocks, make_tier
         from kvcourse.scheduler import StallFreeScheduler
         from kvcourse.worker.model_runner import ModelRunner
 
         self.model = model
         self.tokenizer = tokenizer
         self.kv_cache_manager: KVCacheManager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = StallFreeScheduler(token_budget, max_batch_size, self.kv_cache_manager)
-        self.runner = ModelRunner(model, num_blocks, block_size, attention, pack_weights=pack_weights)
+        self.tier = (
+            make_tier(self.kv_cache_manager, num_cpu_tier_blocks)
+            if check_tier_blocks("num_cpu_tier_blocks", num_cpu_tier_blocks)
+            else None
+        )
+        self.scheduler = StallFreeScheduler(token_budget, max_batch_size, self.kv_cache_manager, kv_connector=self.tier)
+        self.runner = ModelRunner(
+            model, num_blocks, block_size, attention, pack_weights=pack_weights, num_cpu_tier_blocks=num_cpu_tier_blocks
+        )
         self.core = EngineCore(self.scheduler, self.runner)
         self.max_positions = kv_cache_spec(model.config).max_positions
         self.vocab_size = int(model.config.vocab_size)

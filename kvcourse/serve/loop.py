@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvcourse.core.request import Request, RequestStatus
+from kvcourse.core.request import Request
 from kvcourse.serve.metrics import ServerMetrics
 from kvcourse.worker.sampler import SamplingParams, TokenLogprobs
 
@@ -379,7 +379,7 @@ def _copy_outcome(source: Future, target: Future, transform: Callable[[Any], Any
 
 def _settled(request: Request) -> bool:
     """Whether the engine is done with a request (finished, rejected, aborted, failed)."""
-    return request.status not in (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+    return request.status.is_finished()
 
 
 def _num_preemptions(engine: LLMEngine) -> int:

@@ -38,6 +38,7 @@ class ModelRunner:
         *,
         synchronize_timings: bool = False,
         pack_weights: bool | None = None,
+        num_cpu_tier_blocks: int = 0,
     ) -> None:
         attention = DEFAULT_ATTENTION if attention is None else attention
         if attention not in ATTENTION_IMPLEMENTATIONS:
@@ -47,6 +48,12 @@ class ModelRunner:
         self.attention = attention
         self.attn_implementation = ATTENTION_IMPLEMENTATIONS[attention]
         self.kv_cache = PagedKVCache.for_model(model, num_blocks, block_size)
+        # a second tier (lesson 10): CPU storage of the same block shape, None while the tier is off
+        self.cpu_kv_cache = (
+            PagedKVCache.for_model(model, num_cpu_tier_blocks, block_size, device="cpu")
+            if num_cpu_tier_blocks
+            else None
+        )
         self.device = next(model.parameters()).device
         self.timings = RunnerTimings()
         self.sampler = Sampler()  # each request's SamplingParams (LLMEngine registers them); greedy by default
@@ -80,9 +87,30 @@ class ModelRunner:
                 layer.values[dst] = layer.values[src]
 
     @torch.inference_mode()
+    def transfer_blocks(self, saves: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]) -> None:
+        """A second tier's copies, every layer: device blocks out to their CPU slots, then CPU slots into device blocks."""
+        if not saves and not loads:
+            return
+        if self.cpu_kv_cache is None:
+            raise ValueError(
+                "the plan moves blocks to or from a CPU tier, but this runner has none (num_cpu_tier_blocks=0)."
+            )
+        for device_layer, cpu_layer in zip(self.kv_cache.layers, self.cpu_kv_cache.layers):
+            for device, cpu in ((device_layer.keys, cpu_layer.keys), (device_layer.values, cpu_layer.values)):
+                if saves:
+                    blocks, slots = (torch.tensor(x, dtype=torch.long) for x in zip(*saves))
+                    cpu[slots] = device[blocks.to(device.device)].to("cpu")
+                if loads:
+                    slots, blocks = (torch.tensor(x, dtype=torch.long) for x in zip(*loads))
+                    device[blocks.to(device.device)] = cpu[slots].to(device.device)
+
+    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> dict[int, int]:
-        """Run one step's plan: its block copies first, then one forward pass over its sequences."""
+        """Run one step's plan: a second tier's copies and the block copies first, then one forward pass."""
+        self.transfer_blocks(scheduler_output.kv_saves, scheduler_output.kv_loads)
         self.copy_blocks(scheduler_output.blocks_to_copy)
+        if not scheduler_output.scheduled_seqs:
+            return {}  # a step that only loads blocks (every request waiting for its tier)
         return self.execute_batch(scheduler_output.scheduled_seqs, scheduler_output.block_ids)
 
     def execute_batch(

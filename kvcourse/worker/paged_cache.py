@@ -124,8 +124,10 @@ class PagedKVCache(Cache):
         self.num_blocks, self.block_size = num_blocks, block_size
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> PagedKVCache:
-        """Storage shaped for the model's config (layers, KV heads, head size), in its dtype and on its device."""
+    def for_model(
+        cls, model: torch.nn.Module, num_blocks: int, block_size: int, device: torch.device | str | None = None
+    ) -> PagedKVCache:
+        """Storage shaped for the model's config (layers, KV heads, head size), on its device or on `device` (a CPU tier's)."""
         spec = kv_cache_spec(model.config)
         parameter = next(model.parameters())
         return cls(
@@ -135,7 +137,7 @@ class PagedKVCache(Cache):
             spec.num_kv_heads,
             spec.head_dim,
             dtype=parameter.dtype,
-            device=parameter.device,
+            device=parameter.device if device is None else device,
         )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

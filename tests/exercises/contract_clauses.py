@@ -16,6 +16,7 @@ from __future__ import annotations
 
 PENDING: set[str] = set()
 
+E8T, E8S = "test_ex8_tier.py", "test_ex8_scheduling.py"
 E0, E1, E2, E3, E4, E4E, E5, E7 = (
     "test_ex0_memory.py",
     "test_ex1_step.py",
@@ -435,6 +436,46 @@ CLAUSES: dict[str, list[tuple[str, str]]] = {
          f"{E7}::test_reset_forgets_every_prefix_and_keeps_the_free_queue"),
         ("returns True", f"{E7}::test_reset_forgets_every_prefix_and_keeps_the_free_queue"),
     ],
+    "8.1": [
+        ("never more than num_blocks entries, never two for one hash", f"{E8T}::test_many_offers_keep_the_tier_consistent"),
+        ("a stored block: its own slot, most recently used, one save (block id, slot)",
+         f"{E8T}::test_an_offered_block_is_stored_with_one_save"),
+        ("a hash already held is not copied again", f"{E8T}::test_a_block_already_held_is_not_copied_again"),
+        ("a full tier drops only its LRU unpinned entry (counted), or refuses",
+         f"{E8T}::test_a_full_tier_drops_only_its_least_recently_used_block_or_refuses"),
+        ("a pinned slot is never dropped", f"{E8T}::test_a_slot_a_load_reads_is_never_dropped"),
+        ("every slot pinned: the block is not stored", f"{E8T}::test_when_every_slot_is_pinned_the_block_is_not_stored"),
+    ],
+    "8.2": [
+        ("the run right after the device hits, in tokens", f"{E8T}::test_the_run_after_the_device_hits_is_counted"),
+        ("stops at the first miss", f"{E8T}::test_the_run_stops_at_the_first_block_the_tier_lacks"),
+        ("a collision never loads", f"{E8T}::test_a_hash_collision_never_loads"),
+        ("never the block holding the last token", f"{E8T}::test_the_block_holding_the_last_token_is_never_loaded"),
+        ("changes nothing", f"{E8T}::test_asking_changes_nothing"),
+    ],
+    "8.3": [
+        ("loads (slot, block) in order from the hits on, pinned, promoted",
+         f"{E8T}::test_loads_are_queued_pinned_and_promoted"),
+        ("stops at the first block the tier lost; failed counted", f"{E8T}::test_a_block_dropped_meanwhile_stops_the_loads"),
+        ("an entry with other tokens does not load", f"{E8T}::test_a_changed_entry_is_not_loaded"),
+        ("returns the tokens that will load", f"{E8T}::test_a_block_dropped_meanwhile_stops_the_loads"),
+    ],
+    "8.4": [
+        ("nothing more in the tier: None, nothing changed", f"{E8S}::test_nothing_more_in_the_tier_leaves_admission_to_2_2"),
+        ("one allocation for hits plus tier tokens; refused: False, nothing changed", f"{E8S}::test_no_room_changes_nothing"),
+        ("granted: out of the queue, hits computed, WAITING_FOR_REMOTE_KVS, tier told, loading recorded",
+         f"{E8S}::test_a_request_with_tokens_in_the_tier_waits_for_its_load"),
+        ("blocks past what loads are unpublished", f"{E8S}::test_a_short_load_unpublishes_what_did_not_come"),
+        ("no budget, no plan entry", f"{E8S}::test_a_loading_request_takes_no_budget_and_does_not_hold_up_the_batch"),
+    ],
+    "8.5": [
+        ("its chunk after the computed tokens, on the blocks it holds, planned with the new ids",
+         f"{E8S}::test_a_loaded_request_runs_its_next_chunk_on_the_blocks_it_holds"),
+        ("the chunk is cut to the budget left", f"{E8S}::test_the_chunk_is_cut_to_the_budget_left"),
+        ("refused: False, nothing changed", f"{E8S}::test_a_loaded_request_without_room_keeps_its_blocks_and_place"),
+        ("granted: RUNNING, newest in active_pool, out of loaded and the queue",
+         f"{E8S}::test_the_whole_step_loads_then_proceeds"),
+    ],
 }  # fmt: skip
 
 # sha256 (first 12 hex digits) of each exercise's instruction comments, as its rows were written.
@@ -472,4 +513,9 @@ CONTRACT_DIGESTS: dict[str, str] = {
     "7.3": "e438e094dccc",
     "7.4": "23448013f7ea",
     "7.5": "66d1bb7aca86",
+    "8.1": "506409e7869c",
+    "8.2": "3ad152c53966",
+    "8.3": "0388186735d2",
+    "8.4": "a4d0c27ca4d2",
+    "8.5": "9e81af44a6b5",
 }
