@@ -521,12 +521,6 @@ LEARNER_MUTANTS = [
     Mutant("7.5", "(escaped) reset returns False when nothing was published",
            "        if self.get_num_free_blocks() < self.num_blocks:\n            return False\n",
            "        if self.get_num_free_blocks() < self.num_blocks or not self.cached_block_hash_to_block:\n            return False\n"),
-    Mutant("0.1", "counts the keys only (no values)",
-           "    return 2 * _num_layers(config) * _kv_width(config) * _bytes_per_element(dtype)",
-           "    return _num_layers(config) * _kv_width(config) * _bytes_per_element(dtype)"),
-    Mutant("0.1", "assumes 2 bytes per element whatever the dtype",
-           "    return 2 * _num_layers(config) * _kv_width(config) * _bytes_per_element(dtype)",
-           "    return 2 * _num_layers(config) * _kv_width(config) * 2"),
     Mutant("0.2", "(escaped) float division then int(): wrong above 2**53 bytes",
            "    return memory_bytes // (seq_len * bytes_per_token)", "    return int(memory_bytes / (seq_len * bytes_per_token))"),
     Mutant("0.2", "a partial sequence counts as one", "    return memory_bytes // (seq_len * bytes_per_token)",
@@ -557,13 +551,6 @@ LEARNER_MUTANTS = [
     Mutant("5.2", "the scale hard-coded to 1/sqrt(D)",
            "        scores = torch.einsum(\"hd,shd->hs\", query[b].float(), keys) * scale",
            "        scores = torch.einsum(\"hd,shd->hs\", query[b].float(), keys) * query.shape[-1] ** -0.5"),
-    Mutant("5.2", "no float32 upcast (fp16 scores overflow past 65,504)",
-           "        keys = gather_kv(key_cache, block_tables[b], seq_len).float()  # [S, H, D]\n"
-           "        values = gather_kv(value_cache, block_tables[b], seq_len).float()  # [S, H, D]\n"
-           "        scores = torch.einsum(\"hd,shd->hs\", query[b].float(), keys) * scale\n",
-           "        keys = gather_kv(key_cache, block_tables[b], seq_len)\n"
-           "        values = gather_kv(value_cache, block_tables[b], seq_len)\n"
-           "        scores = torch.einsum(\"hd,shd->hs\", query[b], keys) * scale\n"),
     Mutant("5.3", "(escaped) the scale ignored (1/sqrt(D) hard-coded)",
            "    scores = torch.einsum(\"lhd,shd->hls\", query.float(), keys) * scale",
            "    scores = torch.einsum(\"lhd,shd->hls\", query.float(), keys) * query.shape[-1] ** -0.5"),

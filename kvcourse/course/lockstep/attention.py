@@ -19,7 +19,7 @@ import torch
 from .core import error_record, module_files
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-KV_HEADS_DIVISOR = 1  # H // KVH; the lead flips this when attention becomes grouped-query (branch a1-model)
+KV_HEADS_DIVISOR = 2  # H // KVH; the lead flips this when attention becomes grouped-query (branch a1-model)
 TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 2e-2}  # per output dtype, relative AND absolute
 
 
