@@ -211,7 +211,7 @@ for name in GPT2_SIZES:
 # %%
 answer("0.c", None)
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 from transformers import AutoConfig
 
 from kvcourse.models.smollm2 import smollm2_dir

@@ -485,7 +485,7 @@ answer("8.f", None)
 # %% [markdown]
 # The request, streamed, with a snapshot of the cache taken while its four children run.
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 poet = [  # its own system prompt: no earlier request on this server began like it, so no block is cached yet
     {"role": "system", "content": "You are a poet who writes very short poems about nature."},
     {"role": "user", "content": "Write me a short poem about the sea and the moon, please."},

@@ -35,7 +35,7 @@
 # off unless you ask for it (`LLMEngine(..., num_cpu_tier_blocks=N)`), so every other notebook runs as
 # before.
 
-# %%
+# %% tags=["hide-input"]
 # In Google Colab: fetch the course and install it beside Colab's own CUDA torch. Elsewhere: only autoreload.
 import importlib.util
 import os
@@ -202,8 +202,7 @@ print("3-block tier == off:", small == off, "| loads that fell short (recomputed
 # the same bytes and the same arithmetic). On a CPU-only machine both "memories" are host RAM, so the
 # copy is a memory copy; on a GPU it crosses PCIe, tens of GB/s.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 # (timings: they differ between machines and runs; nbval reads the marker only on a line of its own)
 from kvcourse.bench.offload import copy_bandwidth, load_or_recompute, prefill_tokens_per_s
 
@@ -244,7 +243,7 @@ answer("10.a", None)
 # in `notebooks/data/two_tier_mooncake.json` (`python -m kvcourse.bench.offload` redoes it in about a
 # minute).
 
-# %%
+# %% collapsed=true jupyter={"outputs_hidden": true} tags=["hide-output"]
 from kvcourse.bench.offload import stored
 from kvcourse.bench.trace import capacity_blocks, replay, trace_requests
 from kvcourse.bench.traces import load_trace
@@ -261,6 +260,7 @@ print(
 print(f"one cache of 6e7:          {one_cache.hit_rate:.4f}")
 
 # %%
+# Figure: the two-tier prefix hit rate on Mooncake's chat trace against the CPU tier's size, one line per device cache size.
 import matplotlib.pyplot as plt
 
 study = stored()
@@ -297,8 +297,7 @@ for row in study["rows"]:
 # so short a slice few turns come back after the device forgot them (the trace's reuse is mostly minutes
 # apart), so expect a small gain: the replay above is where the tier's worth shows.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 # (timings)
 from kvcourse.bench.offload import ttft_slice
 

@@ -16,11 +16,12 @@ SEEDS = {"0.1": [0, 1, 2], "0.2": [0, 1, 2], "5.2": [0, 1]}
 
 @dataclass(frozen=True)
 class Config:
-    """A model config with GPT-2's attribute names (what memory.py reads)."""
+    """A model config with transformers' generic attribute names (what kv_cache_spec reads)."""
 
-    n_embd: int
-    n_head: int
-    n_layer: int
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    max_position_embeddings: int = 1024
 
 
 @dataclass(frozen=True)

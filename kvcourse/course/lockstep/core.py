@@ -229,7 +229,7 @@ def learner_modules() -> dict[str, ModuleType]:
 
 
 def region_owners(module: str) -> dict[str, set[str]]:
-    """qualname -> the exercise ids whose solution regions (BEGIN SOLUTION x.y) lie in that function (solutions/)."""
+    """qualname -> the exercise ids whose solution regions (the marked x.y regions) lie in that function (solutions/)."""
     source = (solutions_dir() / f"{module}.py").read_text()
     lines = source.splitlines()
     owners: dict[str, set[str]] = {}
