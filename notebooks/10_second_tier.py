@@ -61,7 +61,7 @@ if IN_COLAB:
     os.chdir("/content/kvcourse/notebooks")  # where the notebooks read their data from
 # %load_ext autoreload
 # %autoreload 2
-# %%
+
 # %% [markdown]
 # ## 1. The request
 #
