@@ -125,28 +125,11 @@ def test_the_loaded_kv_is_really_read(gpt2, monkeypatch):
     assert outputs != honest, "negated keys loaded from the tier must change the tokens: the loads are read"
 
 
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 def test_tier_on_and_off_give_the_same_tokens_on_llama():
-    try:
-        model = tiny_llama()
-        off_engine, off = run(model, 0)
-    except Exception as error:  # the engine is made Llama-capable on branch a1-model (issue 40's note)
-        pytest.xfail(f"the engine does not serve Llama on this branch yet ({type(error).__name__}: {error})")
+    from kvcourse.models.llama import random_llama, tiny_llama_config
+
+    model = random_llama(tiny_llama_config(vocab_size=1000))  # the prompts' ids run to 999
+    off_engine, off = run(model, 0)
     on_engine, on = run(model, 32)
     assert on_engine.tier.stats.loaded > 0, "the second SHARED round should load from the tier"
     assert on == off, "greedy tokens must be identical with the tier on and off (Llama)"
