@@ -41,6 +41,10 @@ WORKLOADS: dict[str, list[tuple]] = {
 # Each observable, in the contracts' words (kvcourse/core/contract.py, the exercises' comments).
 WORDS = {
     "returned": "the call must return what the contract says",
+    "kv_bytes": "one token's cache bytes: a key AND a value, in every layer, for each KV head (not each query "
+    "head), spec.head_dim numbers each, times the dtype's element size",
+    "sequences": "whole sequences only: memory // (seq_len x bytes_per_token), exact at any size (none when "
+    "the budget holds less than one)",
     "seqs": "the plan lists, in order, each scheduled request's ScheduledSequence (its next tokens after "
     "num_computed_tokens, is_decode, position_ids_start, samples_token): decodes oldest admission first, then "
     "one prefill chunk, then admissions in queue order, within the token budget and max_batch_size",

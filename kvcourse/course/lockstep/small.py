@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
 import torch
 
@@ -38,18 +38,18 @@ def memory_ops(exercise_id: str, seed: int, size: str) -> list:
     return ops
 
 
-def _model_config(config: dict) -> SimpleNamespace:
-    """A config object with GPT-2's or Llama's attribute names."""
+def _model_config(config: dict) -> object:
+    """A real transformers config, GPT-2's or Llama's (kv_cache_spec reads either)."""
+    from transformers import GPT2Config, LlamaConfig
+
     if config["style"] == "gpt2":
-        return SimpleNamespace(n_embd=config["hidden"], n_head=config["heads"], n_layer=config["layers"])
-    fields = {
-        "hidden_size": config["hidden"],
-        "num_attention_heads": config["heads"],
-        "num_hidden_layers": config["layers"],
-    }
-    if config["kv_heads"] is not None:
-        fields["num_key_value_heads"] = config["kv_heads"]
-    return SimpleNamespace(**fields)
+        return GPT2Config(n_embd=config["hidden"], n_head=config["heads"], n_layer=config["layers"])
+    return LlamaConfig(
+        hidden_size=config["hidden"],
+        num_attention_heads=config["heads"],
+        num_hidden_layers=config["layers"],
+        num_key_value_heads=config["kv_heads"] or config["heads"],
+    )
 
 
 def run_memory(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
@@ -63,7 +63,7 @@ def run_memory(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
                 value = memory.kv_bytes_per_token(_model_config(op[1]), DTYPES[op[2]])
             else:
                 value = memory.max_sequences(op[1], op[2], op[3])
-            obs = {"returned": plain(value), "type": type(value).__name__}
+            obs = {"kv_bytes" if op[0] == "kv_bytes" else "sequences": plain(value), "type": type(value).__name__}
             records.append(
                 {
                     "step": index,
