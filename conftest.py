@@ -28,6 +28,20 @@ def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
 
 
+# The notebooks that take the longest under nbval (each 45-85 s on 2 cores: real models, a trace slice through
+# the engine) run with the slow studies (`./course test -m slow`, a CI step of its own), so that the README's
+# test command stays well under 5 minutes. Every other notebook runs in `./course test`.
+SLOW_NOTEBOOKS = {"04_sharing_blocks.ipynb", "05_paged_attention_gpt2.ipynb", "08_serve_it.ipynb",
+                  "10_second_tier.ipynb"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Mark every cell of a slow notebook `slow` (nbval's items carry no markers of their own)."""
+    for item in items:
+        if item.path.name in SLOW_NOTEBOOKS:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_collectstart(collector) -> None:
     """nbval: never compare stderr (warnings and progress bars vary between runs)."""
     if collector.fspath and collector.fspath.ext == ".ipynb":

@@ -89,6 +89,7 @@ def test_throughput_takes_another_model_at_the_same_sizes() -> None:
     assert throughput.settings(True, False, None) == throughput.settings(True, False)
 
 
+@pytest.mark.slow  # SmolLM2 through both engines: about 11 s
 def test_throughput_on_smollm2_agrees_with_hugging_face() -> None:
     """The issue's landing check, small: every kvcourse system's greedy tokens equal HF continuous batching's."""
     from kvcourse.models.smollm2 import is_converted, smollm2_dir

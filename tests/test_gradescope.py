@@ -1,7 +1,8 @@
 """Gradescope: the autograder zip, run on a stand-in /autograder with a half-solved submission.
 
-The zip is built with the tests' fake observer (tests/grader/fake_observer.py, exercises 0.1 and 0.2) until the
-lockstep harness lands; running it needs root (the boundary runs submitted code as another user).
+Most tests build the zip with the tests' fake observer (tests/grader/fake_observer.py, exercises 0.1 and 0.2):
+quick. One slow test builds the real one (the lockstep harness, every exercise) and grades the reference and a
+half-written course with it. Running it needs root (the boundary runs submitted code as another user).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvcourse.course import gradescope
-from kvcourse.course.exercises import EXERCISE_MODULES
+from kvcourse.course.exercises import EXERCISE_MODULES, EXERCISES
 from kvcourse.course.grade import ExerciseResult
 from kvcourse.course.stubs import stub_for
 from tests.grader.support import OBSERVER, python_for_child, why_not_here
@@ -49,7 +50,9 @@ def test_zip_has_the_scripts_and_fresh_stubs_but_no_reference(autograder_zip):
         assert archive.read("kvcourse/scheduler.py").decode() == stub_for(ROOT / "solutions" / "scheduler.py")[0]
 
 
-def run_autograder(autograder_zip: Path, root: Path, modules: dict[str, str]) -> tuple[dict, str]:
+def run_autograder(
+    autograder_zip: Path, root: Path, modules: dict[str, str], exercises: list[str] = GRADED
+) -> tuple[dict, str]:
     """Unzip the autograder as Gradescope does (world-readable, like /autograder/source), submit, run it."""
     why = why_not_here()
     if why:
@@ -69,7 +72,7 @@ def run_autograder(autograder_zip: Path, root: Path, modules: dict[str, str]) ->
             (submission / f"{module}.py").write_text(text)
         (submission.parent / "notes.txt").write_text("not a module: ignored")
         env = {k: v for k, v in os.environ.items() if k not in ("KVCOURSE_SOLUTIONS", "KVCOURSE_EXERCISES")}
-        env.update(KVCOURSE_AUTOGRADER_ROOT=str(root), KVCOURSE_EXERCISES=" ".join(GRADED))
+        env.update(KVCOURSE_AUTOGRADER_ROOT=str(root), KVCOURSE_EXERCISES=" ".join(exercises))
         env["KVCOURSE_GRADER_PYTHON"] = python_for_child(source) or sys.executable
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # python3 = this environment's
         started = time.monotonic()
@@ -114,6 +117,27 @@ def test_run_autograder_gives_the_reference_full_marks(autograder_zip, tmp_path)
     results, _ = run_autograder(autograder_zip, tmp_path, reference)
     failed = [t["output"] for t in results["tests"] if t["score"] != t["max_score"]]
     assert not failed and results["score"] == len(GRADED), failed
+
+
+@pytest.mark.slow
+def test_the_lockstep_autograder_grades_the_whole_course(tmp_path):
+    """The zip as shipped (the lockstep observer, every exercise): the reference scores every point; a course
+    with only notebook 00's file written scores exactly 0.1 and 0.2, every other exercise 0 and says so."""
+    if why_not_here():
+        pytest.skip(why_not_here())
+    out = tmp_path / "autograder.zip"
+    gradescope.build(out)
+    every = list(EXERCISES)
+    reference = {m: (ROOT / "solutions" / f"{m}.py").read_text() for m in sorted(EXERCISE_MODULES)}
+    results, _ = run_autograder(out, tmp_path / "reference", reference, every)
+    scores = {t["number"]: t["score"] for t in results["tests"]}
+    assert sorted(scores) == sorted(every), "results.json lists every exercise"
+    assert not [t["output"] for t in results["tests"] if t["score"] != t["max_score"]], "the reference loses points"
+    memory_only = {"memory": reference["memory"]}
+    results, _ = run_autograder(out, tmp_path / "memory-only", memory_only, every)
+    earned = sorted(t["number"] for t in results["tests"] if t["score"])
+    assert earned == ["0.1", "0.2"], f"only notebook 00's exercises are written, yet points went to {earned}"
+    assert results["score"] == 2.0, results["score"]
 
 
 def test_partial_credit_and_feedback_follow_check():

@@ -97,7 +97,18 @@ def solution(module: str) -> str:
     return (ROOT / "solutions" / f"{module}.py").read_text()
 
 
-@pytest.mark.parametrize("attack", sorted(p.name for p in ATTACKS.iterdir() if p.is_dir()))
+# Three attacks run in `./course test`; every attack runs in the slow step (`./course test -m slow`, CI runs it).
+QUICK_ATTACKS = {"emitter_wrap", "read_answers", "return_none"}
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        pytest.param(p.name, marks=() if p.name in QUICK_ATTACKS else pytest.mark.slow)
+        for p in sorted(ATTACKS.iterdir())
+        if p.is_dir()
+    ],
+)
 def test_every_attack_scores_zero_and_leaves_nothing(attack, tmp_path, reference):
     limits = boundary.Limits(run_s=60, child_s=10) if attack == "sleep_forever" else FAST
     ids = ["5.2"] if (ATTACKS / attack / "kvcourse" / "attention.py").exists() else ["0.1", "0.2"]  # its own only
@@ -121,6 +132,7 @@ def test_one_exercise_of_two_written_scores_exactly_one(tmp_path, reference):
     assert {n: t["score"] for n, t in tests.items()} == {"0.1": 1.0, "0.2": 0.0, "5.2": 0.0}, tests
 
 
+@pytest.mark.slow
 def test_a_good_module_beside_one_that_crashes_the_reporting(tmp_path, reference):
     crash = (ATTACKS / "deep_json" / "kvcourse" / "memory.py").read_text().split("\n\ndef kv_bytes")[0]
     crash += "\nimport os\nos._exit(0)\n"
@@ -128,6 +140,7 @@ def test_a_good_module_beside_one_that_crashes_the_reporting(tmp_path, reference
     assert {n: t["score"] for n, t in tests.items()} == {"0.1": 1.0, "0.2": 1.0, "5.2": 0.0}, tests
 
 
+@pytest.mark.slow
 def test_a_good_module_beside_deep_folders_odd_names_and_huge_files(tmp_path, reference):
     submission = submission_with(tmp_path, memory=solution("memory"))
     deep = submission / "deep"

@@ -34,7 +34,16 @@ from .core import (
 )
 from .registry import WORKLOADS, rules_for
 
-__all__ = ["Divergence", "compare", "hybrid_modules", "observe", "reference_modules", "seeds_for", "verdict"]
+__all__ = [
+    "Divergence",
+    "compare",
+    "hybrid_modules",
+    "observe",
+    "reference_modules",
+    "seeds_for",
+    "usable_reference",
+    "verdict",
+]
 
 SEEDS = {"small": 5, "classroom": 60}
 SHRINK_BUDGET_S = 4.0
@@ -159,6 +168,19 @@ def _seeds(exercise_id: str, seed: int | None, size: str) -> list[int]:
     return [seed] if seed is not None else seeds_for(exercise_id, size)
 
 
+def usable_reference(exercise_id: str, seed: int, expected: list[dict]) -> list[dict]:
+    """The reference's records, refused when every call raised: a workload the reference cannot run (a wrong
+    config, a kernel without its interpreter) would make any code that raises anything "match"."""
+    if expected and all("error" in record for record in expected):
+        first = expected[0]
+        raise RuntimeError(
+            f"the reference raises on every call of exercise {exercise_id}'s workload (seed {seed}): "
+            f"{first.get('error')}: {str(first.get('message'))[:300]}. Nothing can be judged against that: "
+            "fix the workload or the environment (5.4 needs TRITON_INTERPRET=1 on a machine without a GPU)."
+        )
+    return expected
+
+
 def first_divergence(
     exercise_id: str, seed: int | None = None, size: str = "small", learner: Mapping[str, ModuleType] | None = None
 ) -> Divergence | None:
@@ -166,7 +188,8 @@ def first_divergence(
     reference = reference_modules()
     test = hybrid_modules(exercise_id, learner or learner_modules(), reference)
     for s in _seeds(exercise_id, seed, size):
-        found = compare(exercise_id, s, observe(exercise_id, s, reference, size), observe(exercise_id, s, test, size))
+        expected = usable_reference(exercise_id, s, observe(exercise_id, s, reference, size))
+        found = compare(exercise_id, s, expected, observe(exercise_id, s, test, size))
         if found:
             return found
     return None
