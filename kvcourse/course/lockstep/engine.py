@@ -38,18 +38,35 @@ class Canon:
 
 
 class HashCounter:
-    """Counts calls of HASH_FUNCTION in every module the manager's code reads it from (4.2/4.3: hash once)."""
+    """Counts calls of HASH_FUNCTION in every module the manager's code reads it from (4.2/4.3: hash once).
 
-    def __init__(self, kv_module: ModuleType) -> None:
+    With `collide` > 0, hash_block_tokens collides on purpose (as the graded tests patch it): a block's hash
+    ignores its parent (equal tokens, equal hash, whatever the prefix) and takes one of `collide` values, so
+    a lookup must check the tokens and stop at the first miss."""
+
+    def __init__(self, kv_module: ModuleType, collide: int = 0) -> None:
         self.count = 0
-        self.patched: list[tuple[dict, object]] = []
+        self.patched: list[tuple[dict, str, object]] = []
         seen: set[int] = set()
         for space in _globals_of(kv_module):
             if "HASH_FUNCTION" in space and id(space) not in seen:
                 seen.add(id(space))
                 original = space["HASH_FUNCTION"]
-                self.patched.append((space, original))
+                self.patched.append((space, "HASH_FUNCTION", original))
                 space["HASH_FUNCTION"] = self._counting(original)
+        if collide:
+            for space in {id(s): s for s in _globals_of(kv_module)}.values():
+                if callable(space.get("hash_block_tokens")):
+                    original = space["hash_block_tokens"]
+                    self.patched.append((space, "hash_block_tokens", original))
+                    space["hash_block_tokens"] = self._colliding(original, collide)
+
+    @staticmethod
+    def _colliding(original, collide: int):
+        def colliding(parent_block_hash, token_ids):
+            return b"collides %d" % (original(None, token_ids)[0] % collide)
+
+        return colliding
 
     def _counting(self, original):
         def counted(*args, **kwargs):
@@ -59,8 +76,8 @@ class HashCounter:
         return counted
 
     def restore(self) -> None:
-        for space, original in self.patched:
-            space["HASH_FUNCTION"] = original
+        for space, name, original in reversed(self.patched):
+            space[name] = original
 
 
 def _globals_of(module: ModuleType) -> list[dict]:
@@ -116,6 +133,8 @@ def snap_scheduler(scheduler, requests: Mapping[int, Request], canon: Canon) -> 
         reason = r.reason if r.status in (RequestStatus.ABORTED, RequestStatus.FAILED) else bool(r.reason)
         rows.append([rid, r.status.name, r.num_computed_tokens, list(r.output_tokens), r.num_preemptions, reason])
     return {
+        "output_types": sorted({type(t).__name__ for r in requests.values() for t in r.output_tokens}),
+        "reason_numbers": [_reason_numbers(r, scheduler.kv_cache_manager) for r in scheduler.rejected],
         "waiting": [r.id for r in scheduler.waiting_queue],
         "running": list(scheduler.active_pool),
         "finished": [r.id for r in scheduler.finished],
@@ -130,6 +149,15 @@ def snap_scheduler(scheduler, requests: Mapping[int, Request], canon: Canon) -> 
         ],
         **snap_manager(scheduler.kv_cache_manager, requests, canon),
     }
+
+
+def _reason_numbers(request: Request, manager) -> list:
+    """[id, the reason names the blocks it needs, the reason names the cache's blocks] of a rejected request."""
+    import re
+
+    needed = -(-(request.num_prompt_tokens + request.max_new_tokens) // manager.block_size)
+    numbers = re.findall(r"\d+", request.reason) if isinstance(request.reason, str) else []
+    return [request.id, str(needed) in numbers, str(manager.num_blocks) in numbers]
 
 
 def plan(output) -> dict:
@@ -230,30 +258,109 @@ def engine_config(rng: random.Random, exercise_id: str, scenario: str) -> dict:
 def engine_ops(exercise_id: str, seed: int, size: str) -> list:
     """One seeded engine workload (scenario = seed mod 5): a config, then bursts of adds, steps, aborts, resets."""
     rng = random.Random(f"{exercise_id}/{seed}")
+    extra = random.Random(f"w{exercise_id}/{seed}")  # the widening draws: the first stream stays as it was
     scenarios = PRESSURE_FIRST if exercise_id in PREEMPTING else SCENARIOS
     scenario = scenarios[seed % len(scenarios)]
     config = engine_config(rng, exercise_id, scenario)
+    _widen_config(extra, exercise_id, scenario, config)
     bs = config["block_size"]
     bases = [[rng.randint(1, 40) for _ in range(4 * bs + 3)] for _ in range(2)]
-    ops: list = [["config", {**config, "scenario": scenario}], ["reset"], ["step"]]  # an idle engine first
+    ids = _request_ids(extra)
+    seeds = _seed_ops(extra, exercise_id, seed, config, bases, ids)
+    ops: list = [["config", {**config, "scenario": scenario}], ["reset"], ["step"], *seeds]  # an idle engine first
     count = 45 if size == "small" else 180
-    next_id = 0
+    next_id = len(seeds)
     while len(ops) < count:
         roll = rng.random()
         if roll < 0.4 or next_id == 0:
             for _ in range(rng.choice([1, 1, 2, 3, 5])):
-                ops.append(_add_op(rng, exercise_id, scenario, config, bases, next_id))
+                ops.append(_add_op(rng, exercise_id, scenario, config, bases, ids[next_id]))
                 next_id += 1
         elif roll < 0.85:
             ops += [["step"]] * rng.choice([1, 1, 2])
+            if exercise_id == "2.2" and extra.random() < 0.3:  # _admit on a request behind the head
+                ops.append(["admit_at", extra.choice([1, 1, 2, 0])])
         elif (roll < 0.92 and exercise_id in ("7.4", "2.3", "3.4")) or roll < 0.88:
-            ops.append(["abort", rng.randrange(next_id + 1), rng.choice(["ABORTED", "FAILED", "FINISHED"])])
+            ops.append(["abort", ids[rng.randrange(next_id + 1)], rng.choice(["ABORTED", "FAILED", "FINISHED"])])
         elif roll < 0.95:
             ops.append(["reset"])
         else:
             ops.append(["stale" if rng.random() < 0.5 else "missing"])
     ops += [["step"]] * (10 if size == "small" else 40)
     return [*ops, ["reset"], ["reset"]]  # drained: the first reset unpublishes, the second finds nothing
+
+
+# exercises whose workloads start from a seeded running set, on these seeds (mod 5; the others run as before)
+SEEDING = {"2.4": (0, 1, 3, 4), "2.5": (1, 3, 4), "2.6": (1, 3), "2.7": (1, 3, 4), "2.8": (1, 3, 4)}
+
+
+def _widen_config(extra: random.Random, exercise_id: str, scenario: str, config: dict) -> None:
+    """Knobs the contracts' edge cases need: tokens handed back as numpy/torch integers, tokens for sequences
+    that sample nothing (to be ignored), swap mode under pressure for the planning exercises, blocks of
+    several tokens where the watermark counts blocks, free() calls counted where 2.3's contract fixes them."""
+    config["tokens_as"] = extra.choice(["int", "int", "numpy", "torch"])
+    config["extra_tokens"] = extra.random() < 0.5
+    config["count_frees"] = exercise_id == "2.3"  # "given back once": only 2.3's contract counts the calls
+    if exercise_id == "7.2" and config["block_size"] == 1:
+        config["block_size"] = extra.choice([2, 3, 4])  # tokens and blocks differ
+
+
+def _request_ids(extra: random.Random) -> list[int]:
+    """Request ids in arrival order: ascending, descending or shuffled (so "by id" differs from "by admission")."""
+    ids = list(range(400))
+    order = extra.choice(["up", "down", "shuffled"])
+    if order == "down":
+        ids.reverse()
+    elif order == "shuffled":
+        extra.shuffle(ids)
+    return ids
+
+
+def _seed_ops(extra: random.Random, exercise_id: str, seed: int, config: dict, bases: list, ids: list) -> list:
+    """For SEEDING exercises on some seeds: requests put straight into the running set; then, often, a batch
+    size they exceed, a cache they fill (every step preempts), swap mode (a victim keeps its tokens)."""
+    if seed % 5 not in SEEDING.get(exercise_id, ()):
+        return []
+    count = extra.randint(2, 5)
+    head = extra.random() < 0.6  # a long prefill at the head, or a random mix
+    if ids[0] < ids[1]:
+        ids.reverse()  # the oldest admission is not the lowest id
+    seeds = [_seed_op(extra, config, bases, ids[i], first=head and i == 0) for i in range(count)]
+    if extra.random() < 0.5:
+        config["batch"] = extra.randint(1, count - 1)  # more running than the batch holds
+    if extra.random() < 0.6:  # the cache the seeds fill, give or take a block
+        bs = config["block_size"]
+        held = sum(-(-op[5] // bs) for op in seeds)
+        config["num_blocks"] = max(1, held + extra.choice([0, 0, 1]))
+    if exercise_id in ("2.4", "2.6", "2.8") and extra.random() < 0.7:
+        config.update(mode="swap", cpu_blocks=extra.choice([2, 4, 50]))
+    return seeds
+
+
+def _seed_op(extra: random.Random, config: dict, bases: list, rid: int, first: bool) -> list:
+    """A request put straight into the running set (as the graded tests' helpers do): decoding, prefilling
+    (several at once, which the scheduler alone never makes), or holding every token computed but no sample."""
+    bs = config["block_size"]
+    kind = "prefill" if first else extra.choice(["decode", "decode", "prefill", "prefill", "stuck"])
+    prompt = _prompt(extra, bases, bs)
+    if first:
+        prompt = (prompt * (3 * bs + 2))[: 3 * bs + 2]  # a long prefill at the head: several victims may be needed
+    outputs = [extra.randint(1, 40) for _ in range(extra.choice([1, 2]))] if kind == "decode" else []
+    if kind == "prefill" and extra.random() < 0.4:
+        outputs = [extra.randint(1, 40)]  # a recompute with outputs to re-feed
+    if kind == "decode" and extra.random() < 0.5:  # its next decode starts a new block
+        prompt = (prompt * (bs + 1))[: max(1, bs * extra.randint(1, 2) + 1 - len(outputs))]
+    total = len(prompt) + len(outputs)
+    if kind == "decode":
+        computed = total - 1
+    elif kind == "stuck":
+        computed = total
+    elif first:
+        computed = extra.randint(0, bs)
+    else:
+        computed = extra.randint(0, max(0, total - 2))
+    max_new = len(outputs) + extra.choice([1, 2, 5])
+    return ["seed", rid, prompt, max_new, outputs, computed]
 
 
 def _add_op(rng: random.Random, exercise_id: str, scenario: str, config: dict, bases: list, rid: int) -> list:
@@ -288,8 +395,12 @@ def _add_op(rng: random.Random, exercise_id: str, scenario: str, config: dict, b
 def manager_ops(exercise_id: str, seed: int, size: str) -> list:
     """One seeded manager workload: requests allocated chunk by chunk, sampled, looked up, forked, freed."""
     rng = random.Random(f"m{exercise_id}/{seed}")
+    extra = random.Random(f"wm{exercise_id}/{seed}")  # the widening draws: the first stream stays as it was
     bs = rng.choice(BLOCK_SIZES)
     config = {"block_size": bs, "num_blocks": rng.choice([3, 5, 8, 16, 30]), "caching": True}
+    # a hash that collides (4.1's own check runs without it: its hash is the one under test): blocks with equal
+    # tokens get equal hashes whatever their prefix, and unequal tokens share one of `collide` values
+    config["collide"] = 0 if exercise_id == "4.1" else extra.choice([0, 0, 3, 16])
     bases = [[rng.randint(1, 40) for _ in range(4 * bs + 3)] for _ in range(2)]
     ops: list = [["config", config]]
     alive: list[int] = []
@@ -300,6 +411,8 @@ def manager_ops(exercise_id: str, seed: int, size: str) -> list:
             ops.append(["new", next_id, _prompt(rng, bases, bs)])
             if rng.random() < 0.3:  # an empty first allocation, then the real one: still ONE admission
                 ops += [["alloc", next_id, 0], ["alloc", next_id, rng.choice([1, bs, 1000])]]
+            elif extra.random() < 0.25:  # tokens computed elsewhere (a second tier), no prefix hits
+                ops.append(["admit_ext", next_id, extra.choice([1, bs, bs + 1]), extra.choice([1, bs, 1000])])
             alive.append(next_id)
             next_id += 1
             continue
@@ -308,6 +421,12 @@ def manager_ops(exercise_id: str, seed: int, size: str) -> list:
             ops.append(["admit", rid, rng.choice([1, 2, bs, 3 * bs, 1000])])
         elif roll < 0.45:
             ops.append(["alloc", rid, rng.choice([0, 1, 1, 2, bs - 1, bs, bs + 1, 5 * bs])])
+            if extra.random() < 0.5:  # could the rest come now? (computed tokens count)
+                ops.append(["can", rid, extra.choice([bs, 3 * bs, 1000])])
+            if extra.random() < 0.2:  # slots for tokens not sampled yet: only known tokens are published
+                ops.append(["ahead", rid, extra.choice([1, bs, 2 * bs + 1])])
+            if extra.random() < 0.1:
+                ops.append(["offer", extra.randrange(8)])
         elif roll < 0.65:
             ops.append(["decode", rid] if rng.random() < 0.7 else ["sample", rid])
         elif roll < 0.72:
@@ -316,6 +435,7 @@ def manager_ops(exercise_id: str, seed: int, size: str) -> list:
             ops.append(["lookup", rid])
         elif roll < 0.9:
             if rng.random() < 0.5:
+                parent = rid
                 ops.append(["fork", rid, next_id])
             else:  # the parent's table already covers its planned tokens: the child writes into shared blocks
                 parent = next_id  # a new parent whose table covers its planned prompt, not computed yet
@@ -325,6 +445,8 @@ def manager_ops(exercise_id: str, seed: int, size: str) -> list:
                 ops += [["forknow", parent, next_id], ["alloc_b", next_id]]
             n = rng.choice([0, 1, bs - 1, bs, bs + 1, 2 * bs])
             ops += [["can", next_id, n], ["alloc", next_id, n]]
+            if extra.random() < 0.5:  # parent and child grow apart past a block boundary, taking turns
+                ops += [["decode", who] for _ in range(min(bs + 1, 4)) for who in (parent, next_id)]
             alive.append(next_id)
             next_id += 1
         elif roll < 0.92:
@@ -339,9 +461,17 @@ def manager_ops(exercise_id: str, seed: int, size: str) -> list:
 
 
 def hash_ops(exercise_id: str, seed: int, size: str) -> list:
-    """Hash-chain calls: equal inputs, neighbours that differ by one token, order, parent, huge ids."""
+    """Hash-chain calls: equal inputs, neighbours that differ by one token, order, parent, huge ids, and
+    blocks whose tokens' digits read alike ([1, 23] and [12, 3])."""
     rng = random.Random(f"h{exercise_id}/{seed}")
+    extra = random.Random(f"wh{exercise_id}/{seed}")
     ops: list = [["config", {}]]
+    for _ in range(2):
+        digits = "".join(str(extra.randint(1, 9)) for _ in range(extra.randint(3, 6)))
+        cuts = sorted(extra.sample(range(1, len(digits)), 2))
+        one = [int(digits[: cuts[0]]), int(digits[cuts[0] :])]
+        two = [int(digits[: cuts[1]]), int(digits[cuts[1] :])]
+        ops += [["block", None, one], ["block", None, two]]
     for _ in range(12 if size == "small" else 60):
         bs = rng.choice([1, 2, 3, 4, 16])
         tokens = [rng.choice([rng.randint(0, 40), rng.randint(65_536, 400_000), 2**31 + 5]) for _ in range(bs)]
@@ -365,6 +495,8 @@ def costs_ops(exercise_id: str, seed: int, size: str) -> list:
             rng.choice([1e9, 1e12, 3e14]),
         ]
         ops.append(["costs", costs, rng.choice([0, 1, 7, 500, 4096]), rng.choice([1, 10, 300, 5000])])
+    # exact ties (every number exact in binary): equal at every n, so never strictly cheaper; equal at n = 1 only
+    ops += [["costs", [1, 2.0, 0.0, 1.0, 1.0], 3, 10], ["costs", [1, 1.0, 1.0, 4.0, 1.0], 1, 10]]
     return ops
 
 
@@ -401,6 +533,7 @@ def run_engine(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
     )
     requests: dict[int, Request] = {}
     last = None
+    frees = _count_frees(manager) if config.get("count_frees") else None
     counter = HashCounter(modules["kv_cache"])
     try:
         for index, op in enumerate(ops[1:], start=1):
@@ -411,15 +544,19 @@ def run_engine(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
                     requests[request.id] = request
                     scheduler.add_request(request)
                     records.append({"step": index, "call": "add_request", "obs": {"returned": None}})
-                elif kind == "step":
-                    output = scheduler.schedule_next_batch()
+                elif kind == "seed":
+                    placed = _seed(op, scheduler, manager, requests)
+                    records.append({"step": index, "call": "a running request placed", "obs": {"returned": placed}})
+                elif kind in ("step", "admit_at"):
+                    if kind == "step":
+                        output = scheduler.schedule_next_batch()
+                    else:  # one admission of the request at this place in the queue, applied as a step
+                        if len(scheduler.waiting_queue) <= op[1]:
+                            continue
+                        output = _admit_one(scheduler, scheduler.waiting_queue[op[1]])
                     last = output
-                    records.append({"step": index, "call": "schedule_next_batch", "obs": plan(output)})
-                    sampled = {
-                        s.request_id: sampled_token(s.request_id, s.position_ids_start + len(s.tokens))
-                        for s in output
-                        if s.samples_token
-                    }
+                    records.append({"step": index, "call": _call_name(op), "obs": plan(output)})
+                    sampled = _executor_tokens(output, config)
                     done = scheduler.update_from_output(output, sampled)
                     records.append({"step": index, "call": "update_from_output", "obs": {"returned": _ids(done)}})
                 elif kind == "abort":
@@ -449,6 +586,8 @@ def run_engine(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
             try:
                 state = snap_scheduler(scheduler, requests, canon)
                 state["hashes_computed"] = counter.count
+                if frees is not None:
+                    state["frees"] = sorted([k, v] for k, v in frees.items())
                 records.append({"step": index, "call": "state after " + _call_name(op), "obs": state})
             except Exception as error:
                 records.append({"step": index, "call": "state", **error_record(error, files)})
@@ -456,6 +595,67 @@ def run_engine(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
     finally:
         counter.restore()
     return records
+
+
+def _token(value: int, kind: str) -> object:
+    """A sampled token as the executor hands it back: a Python int, a numpy integer or a torch scalar."""
+    if kind == "numpy":
+        import numpy
+
+        return numpy.int64(value)
+    if kind == "torch":
+        import torch
+
+        return torch.tensor(value)
+    return value
+
+
+def _executor_tokens(output, config: Mapping) -> dict:
+    """The fake executor's tokens: one per sampling sequence; with extra_tokens, also one for each sequence
+    that samples nothing (a prefill chunk short of the end), which update_from_output must ignore."""
+    kind = config.get("tokens_as", "int")
+    return {
+        s.request_id: _token(sampled_token(s.request_id, s.position_ids_start + len(s.tokens)), kind)
+        for s in output
+        if s.samples_token or config.get("extra_tokens")
+    }
+
+
+def _seed(op: list, scheduler, manager, requests: dict[int, Request]) -> bool:
+    """Put a request straight into the running set with its computed tokens' blocks (False: no room)."""
+    _, rid, prompt, max_new, outputs, computed = op
+    request = Request(id=rid, prompt_tokens=list(prompt), max_new_tokens=max_new, output_tokens=list(outputs))
+    if manager.allocate_slots(request, computed) is None:
+        return False
+    request.num_computed_tokens = computed
+    request.status = RequestStatus.RUNNING
+    requests[rid] = request
+    scheduler._known_ids.add(rid)
+    scheduler.active_pool[rid] = request
+    return True
+
+
+def _admit_one(scheduler, request: Request):
+    """_admit (2.2) on one waiting request, wherever it is in the queue, then the plan applied: a step."""
+    from kvcourse.core.sched_output import SchedulerOutput
+
+    output = SchedulerOutput(block_ids={}, finished_req_ids=[])
+    scheduler._admit(request, scheduler.token_budget, output)
+    scheduler._update_after_schedule(output)
+    return output
+
+
+def _count_frees(manager) -> dict[int, int]:
+    """Count manager.free() calls per request id (2.3: a request's blocks are given back once)."""
+    counts: dict[int, int] = {}
+    original = manager.free
+
+    def free(request):
+        counts[request.id] = counts.get(request.id, 0) + 1
+        return original(request)
+
+    manager.free = free
+    return counts
 
 
 def _ids(done) -> object:
@@ -471,6 +671,11 @@ def _call_name(op: list) -> str:
     return {
         "add": "add_request",
         "step": "schedule_next_batch",
+        "admit_at": "_admit (a request behind the head), then the plan applied",
+        "seed": "a running request placed",
+        "ahead": "allocate_slots (past the known tokens)",
+        "admit_ext": "allocate_slots (tokens computed elsewhere, no hits)",
+        "offer": "block_pool.cache_full_blocks (a published block offered again)",
         "abort": "finish_requests",
         "reset": "reset_prefix_cache",
         "stale": "update_from_output",
@@ -499,7 +704,7 @@ def run_manager(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
     canon = Canon()
     requests: dict[int, Request] = {}
     records: list[dict] = []
-    counter = HashCounter(kv)
+    counter = HashCounter(kv, config.get("collide", 0))
     try:
         for index, op in enumerate(ops[1:], start=1):
             try:
@@ -537,9 +742,20 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return plain(manager.reset_prefix_cache())
+    if kind == "offer":
+        return _offer(manager, op[1])
     request = requests.get(op[1])
     if request is None or request.status.is_finished():
         return _SKIP
+    if kind == "admit_ext":  # an admission whose first tokens were computed elsewhere: no hits
+        if op[1] in manager.req_to_blocks or request.num_computed_tokens or request.num_tokens < 2:
+            return _SKIP
+        k = min(op[2], request.num_tokens - 1)
+        n = min(op[3], request.num_tokens - k)
+        blocks = manager.allocate_slots(request, n, k)
+        if blocks is not None:
+            request.num_computed_tokens = k + n
+        return None if blocks is None else blocks.get_block_ids()
     if kind == "admit":
         if op[1] in manager.req_to_blocks or request.num_computed_tokens:
             return _SKIP
@@ -581,6 +797,9 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         return [num_hit, [b.block_id for b in hits.blocks]]
     if kind == "can":
         return plain(manager.can_allocate(request, min(op[2], request.num_uncomputed_tokens)))
+    if kind == "ahead":  # slots past the known tokens (not computed): only blocks of known tokens are published
+        blocks = manager.allocate_slots(request, request.num_uncomputed_tokens + op[2])
+        return None if blocks is None else blocks.get_block_ids()
     if kind == "reserve":  # a step planned (its blocks allocated) but not computed yet
         blocks = manager.allocate_slots(request, request.num_uncomputed_tokens)
         return None if blocks is None else blocks.get_block_ids()
@@ -598,6 +817,16 @@ def _manager_call(op: list, manager, requests: dict[int, Request], canon: Canon)
         manager.fork(request, child)
         return None
     raise ValueError(f"unknown op {op!r}")
+
+
+def _offer(manager, which: int) -> object:
+    """4.2's pool contract: a block already published, offered again under another hash, keeps its first one."""
+    published = [b for b in manager.block_pool.blocks if b.block_hash is not None]
+    if not published:
+        return _SKIP
+    block = published[which % len(published)]
+    manager.block_pool.cache_full_blocks([block], [b"offered again %d" % which], [list(block.token_ids)])
+    return block.block_id
 
 
 def _compute_all(manager, request: Request) -> object:

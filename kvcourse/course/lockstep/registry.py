@@ -64,6 +64,14 @@ WORDS = {
     "rejected": "a request that can never fit (prompt + max_new_tokens in blocks > the whole cache) is rejected; "
     "one that fits exactly is accepted",
     "requests": "each request's [id, status, num_computed_tokens, output_tokens, num_preemptions, reason]",
+    "output_types": "each sampled token is appended to output_tokens as an int (the executor may hand back a "
+    "numpy or torch integer)",
+    "reason_numbers": "a rejected request's reason says what it needs and what there is: [id, names the blocks it "
+    "needs for its prompt and max_new_tokens, names the whole cache's num_blocks]",
+    "frees": "a finished request's blocks are given back once, at once: free() calls per request id (one per "
+    "finish, preemption or abort)",
+    "deadlock": "an empty plan raises Deadlock(describe_stall(core.scheduler, core.iteration)): the text of THIS "
+    "iteration",
     "preemptions": "num_preemptions counts preemptions (an abort or a finish is not one)",
     "swap": "swap counters: [tokens swapped out, tokens swapped in, transfers, CPU blocks held per request]",
     "tables": "each request's block table: prefix hits first, then its blocks, covering exactly its tokens",

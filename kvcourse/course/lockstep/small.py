@@ -172,15 +172,19 @@ def run_step(ops: list, modules: Mapping[str, ModuleType]) -> list[dict]:
             continue
         log.events = []
         core.iteration += 1
+        deadlock = None
         try:
             done = modules["step"].engine_step(core)
             record = {"step": index, "call": "engine_step", "obs": {"returned": [r.id for r in done]}}
         except Exception as error:
             record = {"step": index, "call": "engine_step", **error_record(error, files)}
+            if type(error).__name__ == "Deadlock":  # the contract fixes its text: describe_stall(scheduler, iteration)
+                deadlock = str(error)
         records.append(record)
         state = {
             "events": plain(log.events),
             "outputs": [[rid, list(r.output_tokens), r.status.name] for rid, r in sorted(requests.items())],
+            "deadlock": deadlock,
         }
         records.append({"step": index, "call": "what engine_step did", "obs": state})
     return records
