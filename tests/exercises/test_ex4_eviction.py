@@ -207,3 +207,15 @@ def test_lfu_breaks_ties_least_recently_freed():
     publish(pool, blocks, 1)
     pool.free_blocks([blocks[1], blocks[2], blocks[0]])  # equally shared (never)
     assert ids(pool.get_new_blocks(3)) == [1, 2, 0], "among equally shared blocks, the one free the longest goes first"
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_"))) for i in ("4.7",)],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

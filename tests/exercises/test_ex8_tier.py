@@ -281,3 +281,18 @@ def test_a_changed_entry_is_not_loaded():
         "an entry whose tokens differ from the block's must not be loaded"
     )
     assert tier.pending_loads == [] and not tier.pinned, "nothing loads, nothing is pinned"
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id",
+    [
+        pytest.param(i, marks=getattr(pytest.mark, "ex" + i.replace(".", "_")))
+        for i in ("8.1", "8.2", "8.3", "8.4", "8.5")
+    ],
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)

@@ -15,7 +15,9 @@ from .engine import (
     run_hashes,
     run_manager,
 )
+from .eviction import policy_manager_ops, pool_ops, run_policy_manager, run_pool
 from .small import memory_ops, run_memory, run_step, step_ops
+from .tier import run_tier, run_tier_engine, tier_engine_ops, tier_ops
 
 ENGINE = ("engine", engine_ops, guarded(run_engine))
 MANAGER = ("manager", manager_ops, guarded(run_manager))
@@ -27,6 +29,11 @@ STEP = ("step", step_ops, guarded(run_step))
 
 ATTENTION = ("attention", attention_ops, guarded(run_attention))
 
+POOL = ("pool", pool_ops, guarded(run_pool))
+POLICY_MANAGER = ("manager", policy_manager_ops, guarded(run_policy_manager))
+TIER = ("tier", tier_ops, guarded(run_tier))
+TIER_ENGINE = ("tier engine", tier_engine_ops, guarded(run_tier_engine))
+
 WORKLOADS: dict[str, list[tuple]] = {
     **{ex: [ATTENTION] for ex in ("5.1", "5.2", "5.3", "5.4", "5.5")},
     "0.1": [MEMORY],
@@ -36,6 +43,12 @@ WORKLOADS: dict[str, list[tuple]] = {
     **{ex: [MANAGER, ENGINE] for ex in ("3.1", "3.2", "3.3", "3.4", "4.2", "4.3", "4.4", "4.5", "4.6", "7.5")},
     "4.1": [HASHES, MANAGER],
     "7.3": [COSTS, ENGINE],
+    "4.7": [POOL, POLICY_MANAGER],
+    "8.1": [TIER],  # not the engine: its offers would meet 8.1's free choices un-normalised
+    "8.2": [TIER, TIER_ENGINE],
+    "8.3": [TIER, TIER_ENGINE],
+    "8.4": [TIER_ENGINE],
+    "8.5": [TIER_ENGINE],
 }
 
 # Each observable, in the contracts' words (kvcourse/core/contract.py, the exercises' comments).
@@ -114,6 +127,40 @@ WORDS = {
     "positions": "token positions start at position_ids_start of each sequence",
     "slot_mapping": "slot = table[b, p // block_size] * block_size + p % block_size, exact for block ids past 2**31 (int64)",
     "seq_lens": "seq_lens = tokens in the cache once the step has run",
+    # 4.7 (kvcourse/eviction.py)
+    "handed": "get_new_blocks hands out, in order, the free blocks the policy ranks first (LRU: free the longest; "
+    "FIFO: published earliest, an uncached block first, ties to the one free the longest; LFU: an uncached block "
+    "first, then the fewest shares, ties to the one free the longest), ranked by their LAST free, never a block a "
+    "hit revived",
+    "cached": "the blocks still holding a cached prefix: only a block handed out loses its prefix",
+    "heap": "each free_heap entry is looked at once: the victim's entry and every stale entry met on the way "
+    "leave the heap (stale: its block is held again, or was freed again since); the rest stay",
+    # 8.1-8.5 (kvcourse/offload.py); a CPU slot is named by the entry holding it (which free slot is free)
+    "lru": "the tier's entries, least recently used first, each with its block's tokens: a stored block is the "
+    "most recently used; a full tier drops only its least recently used entry that no load pins; a load promotes "
+    "its entry; asking changes nothing",
+    "saves": "one save (device block id, its slot) per stored block, in order; none for a block already held",
+    "loads": "a load (its entry's slot, device block id) per leading allocated block still held with the same "
+    "tokens, in order, stopping at the first that is not",
+    "pinned": "a slot a planned load reads is pinned (never dropped or reused) until the step ends",
+    "slots": "every CPU slot is held by one entry or listed in free_slots, never both, never past num_blocks",
+    "tier_stats": "the tier's counters [offered, saved, dropped, loaded, failed]: each drop counted, and each "
+    "allocated block that will not load counted as failed",
+    "matched": "get_num_new_matched_tokens: the tokens of the longest run of full blocks right after the device "
+    "hits that the tier holds with the same tokens (a collision never counts), never the block holding the last "
+    "token; a multiple of block_size",
+    "will_load": "update_state_after_alloc returns the tokens its queued loads bring (a multiple of block_size)",
+    "kv_saves": "the step's saves (device block, CPU slot) go to the executor",
+    "kv_loads": "the step's loads (CPU slot, device block) go to the executor",
+    "loading_req_ids": "a request whose prompt is in the tier waits for its load (WAITING_FOR_REMOTE_KVS), out of "
+    "the queue, with no plan entry and no token of the budget",
+    "loading": "loading[id] = the tokens its load brings (what update_state_after_alloc said)",
+    "calls": "right after each _start_load / _admit_loaded: [name, request, returned, status, num_computed_tokens, "
+    "in the waiting queue, loading tokens, in `loaded`, running, block table]; _start_load: None and nothing "
+    "changed when the tier holds no more, False and nothing changed when refused, else out of the queue, "
+    "WAITING_FOR_REMOTE_KVS, its device hits computed, its table covering hits + the tokens that will load; "
+    "_admit_loaded: False and nothing changed when refused, else RUNNING, out of the queue and of `loaded`",
+    "loaded": "a loaded request is admitted as a prefix hit: its id leaves `loaded` when it runs",
 }
 
 # What the contracts leave free: never compared.
