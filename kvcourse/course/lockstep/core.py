@@ -24,7 +24,7 @@ from types import ModuleType
 
 from kvcourse.course.exercises import EXERCISES, get
 
-MODULES = ("memory", "step", "scheduler", "kv_cache", "eviction", "attention", "model_runner")
+MODULES = ("memory", "step", "scheduler", "kv_cache", "eviction", "attention", "model_runner", "offload")
 SEED_ENV = "KVCOURSE_LOCKSTEP_SEED"  # check("2.6", seed=N) runs only this seed
 REFERENCE_ENV = "KVCOURSE_REFERENCE_DIR"  # where the reference is read (the mutation check points at a clean copy)
 OBSERVE_TIMEOUT_S = 20.0  # one workload on one side: a learner's endless loop becomes a record, not a hang

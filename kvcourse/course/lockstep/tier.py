@@ -20,12 +20,8 @@ from kvcourse.core.contract import KVCacheBlocks
 from kvcourse.core.kv_cache_utils import KVCacheBlock
 from kvcourse.core.request import Request, RequestStatus
 
-from . import core
 from .core import error_record, module_files, plain
 from .engine import Canon, plan, sampled_token, snap_scheduler
-
-if "offload" not in core.MODULES:  # lesson 10's module is an exercise module too: load it beside the others
-    core.MODULES = (*core.MODULES, "offload")
 
 
 # ---------------------------------------------------------------------------------------------- 8.1-8.3
