@@ -216,3 +216,14 @@ def test_the_whole_step_loads_then_proceeds():
     assert [s.request_id for s in second] == [1], "step 2 runs it, as a prefix hit"
     assert second[0].position_ids_start == 12, "its chunk starts after its hits and its loaded tokens"
     assert request.status is RequestStatus.RUNNING, "it is running"
+
+
+# ---- lockstep (issue 35): every call compared with the reference on seeded random and adversarial workloads ----
+@pytest.mark.parametrize(
+    "exercise_id", [pytest.param("8.4", marks=pytest.mark.ex8_4), pytest.param("8.5", marks=pytest.mark.ex8_5)]
+)
+def test_lockstep_with_the_reference(exercise_id):
+    """The first call where this exercise's code differs from the reference fails, naming the rule it breaks."""
+    from kvcourse.course.lockstep import assert_lockstep
+
+    assert_lockstep(exercise_id)
