@@ -23,12 +23,13 @@ from pathlib import Path
 from types import ModuleType
 
 from kvcourse.course.exercises import EXERCISES, get
+from kvcourse.course.stubs import BEGIN_MARK, END_MARK
 
 MODULES = ("memory", "step", "scheduler", "kv_cache", "eviction", "attention", "model_runner", "offload")
 SEED_ENV = "KVCOURSE_LOCKSTEP_SEED"  # check("2.6", seed=N) runs only this seed
 REFERENCE_ENV = "KVCOURSE_REFERENCE_DIR"  # where the reference is read (the mutation check points at a clean copy)
 OBSERVE_TIMEOUT_S = 20.0  # one workload on one side: a learner's endless loop becomes a record, not a hang
-_BEGIN = "# BEGIN " + "SOLUTION "  # split: no learner file may contain the marker itself
+_BEGIN = BEGIN_MARK + " "  # the stubs' marker (built at run time: no file of the package holds it)
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,7 @@ def _segments(lines: list[str]) -> list[tuple[str | None, list[str]]]:
             pending = []
         else:
             pending.append(line)
-        if text.startswith("# END " + "SOLUTION"):
+        if text.startswith(END_MARK):
             depth = None
     out.append((None, pending))
     return out
